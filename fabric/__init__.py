@@ -1,0 +1,47 @@
+"""fabric: scale a raw PyTorch training loop to many processes, devices and nodes with a few lines."""
+
+from fabric.accelerators import (
+    ACCELERATOR_REGISTRY,
+    Accelerator,
+    CPUAccelerator,
+    CUDAAccelerator,
+    MPSAccelerator,
+)
+from fabric.environments import (
+    ClusterEnvironment,
+    DefaultEnvironment,
+    LightningEnvironment,
+    TorchElasticEnvironment,
+)
+from fabric.fabric import Fabric
+from fabric.io import CheckpointIO, TorchCheckpointIO
+from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, ParallelStrategy, SingleDeviceStrategy, Strategy
+from fabric.utilities.seed import seed_everything
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ACCELERATOR_REGISTRY",
+    "STRATEGY_REGISTRY",
+    "Accelerator",
+    "CPUAccelerator",
+    "CUDAAccelerator",
+    "CheckpointIO",
+    "ClusterEnvironment",
+    "DDPStrategy",
+    "DefaultEnvironment",
+    "DoublePrecision",
+    "Fabric",
+    "HalfPrecision",
+    "LightningEnvironment",
+    "MPSAccelerator",
+    "MixedPrecision",
+    "ParallelStrategy",
+    "Precision",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "TorchCheckpointIO",
+    "TorchElasticEnvironment",
+    "seed_everything",
+]

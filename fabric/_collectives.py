@@ -1,0 +1,22 @@
+"""Collectives over nested collections of tensors and numbers, on top of a strategy's tensor collectives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from fabric.strategies.strategy import Strategy
+from fabric.utilities.apply_func import apply_to_collection, convert_to_tensors
+
+
+def all_gather(strategy: Strategy, data: Any, group: Any | None, sync_grads: bool) -> Any:
+    """Numbers become tensors on the device; each tensor is gathered to shape (world_size, *shape)."""
+    data = convert_to_tensors(data, device=strategy.root_device)
+    return apply_to_collection(data, Tensor, strategy.all_gather, group=group, sync_grads=sync_grads)
+
+
+def all_reduce(strategy: Strategy, data: Any, group: Any | None, reduce_op: str) -> Any:
+    """Numbers become tensors on the device; each tensor is reduced with `reduce_op`."""
+    data = convert_to_tensors(data, device=strategy.root_device)
+    return apply_to_collection(data, Tensor, strategy.all_reduce, group=group, reduce_op=reduce_op)

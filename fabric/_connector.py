@@ -1,0 +1,232 @@
+"""Flags + environment in, one fully built Strategy out. Runs once, inside Fabric.__init__."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from fabric.accelerators import ACCELERATOR_REGISTRY, Accelerator
+from fabric.environments import ClusterEnvironment, detect_environment
+from fabric.io import CheckpointIO, TorchCheckpointIO
+from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from fabric.strategies import STRATEGY_REGISTRY, SingleDeviceStrategy, Strategy
+
+PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+# The spellings Lightning users know: 16 and "bf16" have always meant mixed precision.
+_LEGACY_PRECISION = {32: "32-true", "32": "32-true", 64: "64-true", "64": "64-true", 16: "16-mixed",
+                     "16": "16-mixed", "bf16": "bf16-mixed"}  # fmt: skip
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(names)
+
+
+def connect(
+    accelerator: str | Accelerator,
+    strategy: str | Strategy,
+    devices: Any,
+    num_nodes: int,
+    precision: Any,
+    plugins: Any,
+) -> Strategy:
+    """Resolve every flag against the others and the environment, and build the strategy."""
+    precision_plugin, environment, checkpoint_io = _split_plugins(plugins)
+    user_strategy = strategy if isinstance(strategy, Strategy) else None
+    if precision is not None and precision_plugin is not None:
+        raise ValueError(
+            f"Fabric(precision={precision!r}, plugins=[{type(precision_plugin).__name__}]): both set the precision. "
+            "Pass one of them."
+        )
+    _check_num_nodes(num_nodes)
+    environment = _resolve_environment(environment, user_strategy)
+    accel = _resolve_accelerator(accelerator, user_strategy)
+    indices = _resolve_devices(accel, devices, num_nodes, environment)
+    if user_strategy is None:
+        user_strategy = _build_strategy(strategy, indices, num_nodes, accelerator, devices)
+    precision_plugin = _resolve_precision(precision, precision_plugin, user_strategy, accel)
+    if isinstance(user_strategy, SingleDeviceStrategy) and len(indices) * num_nodes > 1:
+        raise ValueError(
+            f"Fabric(strategy={strategy!r}, devices={devices!r}, num_nodes={num_nodes}): a single-device strategy "
+            f"cannot run on {len(indices) * num_nodes} devices. Use strategy='ddp' (or 'auto'), or devices=1."
+        )
+    user_strategy._connect(
+        accelerator=accel,
+        precision=precision_plugin,
+        checkpoint_io=checkpoint_io or TorchCheckpointIO(),
+        cluster_environment=environment,
+        parallel_devices=accel.get_parallel_devices(indices),
+        num_nodes=num_nodes,
+    )
+    return user_strategy
+
+
+def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment | None, CheckpointIO | None]:
+    if plugins is None:
+        return None, None, None
+    items = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    found: dict[type, Any] = {}
+    for plugin in items:
+        role = next((r for r in (Precision, ClusterEnvironment, CheckpointIO) if isinstance(plugin, r)), None)
+        if role is None:
+            raise TypeError(
+                f"Fabric(plugins=[{type(plugin).__name__}]): not a plugin fabric knows. Pass instances of "
+                "Precision, ClusterEnvironment or CheckpointIO (strategies go in strategy=, hardware in accelerator=)."
+            )
+        if role in found:
+            raise ValueError(
+                f"Fabric(plugins=[{type(found[role]).__name__}, {type(plugin).__name__}]): two {role.__name__} "
+                "plugins were passed, and only one can be used. Pass one."
+            )
+        found[role] = plugin
+    return found.get(Precision), found.get(ClusterEnvironment), found.get(CheckpointIO)
+
+
+def _check_num_nodes(num_nodes: Any) -> None:
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"Fabric(num_nodes={num_nodes!r}): the number of machines must be an int >= 1. Pass e.g. 1.")
+
+
+def _resolve_environment(plugin: ClusterEnvironment | None, strategy: Strategy | None) -> ClusterEnvironment:
+    own = strategy.cluster_environment if strategy is not None else None
+    if plugin is not None and own is not None and plugin is not own:
+        raise ValueError(
+            f"Fabric(strategy={type(strategy).__name__}(cluster_environment={type(own).__name__}), "
+            f"plugins=[{type(plugin).__name__}]): two cluster environments were given. Pass only one."
+        )
+    return plugin or own or detect_environment()
+
+
+def _resolve_accelerator(flag: str | Accelerator, strategy: Strategy | None) -> Accelerator:
+    own = strategy.accelerator if strategy is not None else None
+    if isinstance(flag, Accelerator):
+        chosen: Accelerator = flag
+    elif not isinstance(flag, str):
+        raise TypeError(f"Fabric(accelerator={flag!r}): expected a name or an Accelerator instance.")
+    elif flag == "auto":
+        if own is not None:
+            return own
+        chosen = _auto_accelerator()
+    else:
+        chosen = _named_accelerator(flag)
+    if own is not None and type(own) is not type(chosen):
+        raise ValueError(
+            f"Fabric(accelerator={flag!r}, strategy={type(strategy).__name__}(accelerator="
+            f"{type(own).__name__}())): the strategy's accelerator disagrees with accelerator=. "
+            "Set the accelerator in one place only."
+        )
+    if not chosen.is_available():
+        raise RuntimeError(
+            f"Fabric(accelerator={flag!r}): {type(chosen).__name__} is not available on this machine. "
+            "Use accelerator='auto' or 'cpu'."
+        )
+    return own or chosen
+
+
+def _auto_accelerator() -> Accelerator:
+    for name in ("cuda", "mps", "cpu"):
+        factory, kwargs = ACCELERATOR_REGISTRY.get(name)
+        if factory.is_available():  # type: ignore[attr-defined]
+            return factory(**kwargs)
+    raise AssertionError("the CPU accelerator is always available")
+
+
+def _named_accelerator(name: str) -> Accelerator:
+    if name == "gpu":
+        for candidate in ("cuda", "mps"):
+            factory, kwargs = ACCELERATOR_REGISTRY.get(candidate)
+            if factory.is_available():  # type: ignore[attr-defined]
+                return factory(**kwargs)
+        raise RuntimeError(
+            "Fabric(accelerator='gpu'): no GPU (CUDA or MPS) is available on this machine. "
+            "Use accelerator='cpu' or 'auto'."
+        )
+    if name not in ACCELERATOR_REGISTRY:
+        raise ValueError(
+            f"Fabric(accelerator={name!r}): unknown accelerator {name!r}. Choose one of: auto, gpu, "
+            f"{_names(ACCELERATOR_REGISTRY.names())}, or pass an Accelerator instance."
+        )
+    factory, kwargs = ACCELERATOR_REGISTRY.get(name)
+    return factory(**kwargs)
+
+
+def _resolve_devices(accel: Accelerator, devices: Any, num_nodes: int, env: ClusterEnvironment) -> list[int]:
+    """Device indices for this machine; under an external launcher they must match what it started."""
+    per_node = env.processes_per_node() if env.creates_processes_externally else None
+    if per_node is not None and devices == "auto":
+        devices = per_node if type(accel).__name__ == "CPUAccelerator" else list(range(per_node))
+    indices = accel.parse_devices(devices)
+    if per_node is not None and len(indices) != per_node:
+        raise ValueError(
+            f"Fabric(devices={devices!r}): the launcher started {per_node} processes on this machine "
+            f"(LOCAL_WORLD_SIZE={per_node}), but devices asks for {len(indices)}. Pass devices={per_node} or "
+            "'auto', or start as many processes as devices."
+        )
+    world = env.world_size() if env.creates_processes_externally else None
+    if world is not None and per_node is not None and world != per_node * num_nodes:
+        raise ValueError(
+            f"Fabric(num_nodes={num_nodes}): the launcher started WORLD_SIZE={world} processes, "
+            f"{per_node} per machine, which is not num_nodes={num_nodes} machines. Pass "
+            f"num_nodes={max(world // per_node, 1)}."
+        )
+    return indices
+
+
+def _build_strategy(flag: Any, indices: list[int], num_nodes: int, accelerator: Any, devices: Any) -> Strategy:
+    if not isinstance(flag, str):
+        raise TypeError(f"Fabric(strategy={flag!r}): expected a strategy name or a Strategy instance. Pass e.g. 'ddp'.")
+    name = flag
+    if name == "auto":
+        name = "ddp" if len(indices) * num_nodes > 1 else "single_device"
+    if name not in STRATEGY_REGISTRY:
+        raise ValueError(
+            f"Fabric(strategy={flag!r}): unknown strategy {flag!r}. Choose one of: auto, "
+            f"{_names(STRATEGY_REGISTRY.names())}, or pass a Strategy instance."
+        )
+    factory, kwargs = STRATEGY_REGISTRY.get(name)
+    return factory(**kwargs)
+
+
+def _resolve_precision(flag: Any, plugin: Precision | None, strategy: Strategy, accel: Accelerator) -> Precision:
+    own = strategy._precision
+    if own is not None and (flag is not None or plugin is not None):
+        raise ValueError(
+            f"Fabric(precision={flag!r}, strategy={type(strategy).__name__}(precision={type(own).__name__})): "
+            "the precision is set twice. Set it in one place only."
+        )
+    if own is not None or plugin is not None:
+        return own or plugin  # type: ignore[return-value]
+    name = _LEGACY_PRECISION.get(flag, flag) if flag is not None else "32-true"
+    if name not in PRECISIONS:
+        raise ValueError(
+            f"Fabric(precision={flag!r}): unknown precision {flag!r}. Choose one of: {_names(PRECISIONS)} "
+            "(or the legacy 32, 64, 16, 'bf16'), or pass a Precision plugin."
+        )
+    return _make_precision(name, accel)
+
+
+def _make_precision(name: str, accel: Accelerator) -> Precision:
+    device_type = accel.get_parallel_devices([0])[0].type
+    if name == "16-mixed" and device_type == "cpu":
+        # Lightning Fabric falls back the same way; float16 autocast on CPU is slow and needs a scaler.
+        warnings.warn(
+            "Fabric(accelerator='cpu', precision='16-mixed'): float16 mixed precision is not supported on the CPU; "
+            "using 'bf16-mixed' instead. Pass precision='bf16-mixed' to silence this warning.",
+            stacklevel=4,
+        )
+        name = "bf16-mixed"
+    if name in ("16-mixed", "bf16-mixed"):
+        if name == "bf16-mixed" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError(
+                "Fabric(precision='bf16-mixed'): this GPU does not support bfloat16. Use precision='16-mixed'."
+            )
+        return MixedPrecision(name, device=device_type)  # type: ignore[arg-type]
+    if name in ("16-true", "bf16-true"):
+        return HalfPrecision(name)  # type: ignore[arg-type]
+    if name == "64-true":
+        if device_type == "mps":
+            raise ValueError("Fabric(accelerator='mps', precision='64-true'): MPS has no float64. Use '32-true'.")
+        return DoublePrecision()
+    return Precision()

@@ -1,0 +1,14 @@
+"""Accelerators (hardware only) and their registry."""
+
+from fabric.accelerators.accelerator import Accelerator
+from fabric.accelerators.cpu import CPUAccelerator
+from fabric.accelerators.cuda import CUDAAccelerator
+from fabric.accelerators.mps import MPSAccelerator
+from fabric.registry import Registry
+
+ACCELERATOR_REGISTRY: Registry[Accelerator] = Registry("accelerator")
+ACCELERATOR_REGISTRY.register("cpu", CPUAccelerator, "The CPU")
+ACCELERATOR_REGISTRY.register("cuda", CUDAAccelerator, "NVIDIA GPUs")
+ACCELERATOR_REGISTRY.register("mps", MPSAccelerator, "Apple silicon GPU")
+
+__all__ = ["ACCELERATOR_REGISTRY", "Accelerator", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator"]

@@ -1,0 +1,54 @@
+"""Processes started by torchrun / torch.distributed.run (TorchElastic), or by hand with its variables."""
+
+from __future__ import annotations
+
+import os
+
+from fabric.environments.cluster_environment import ClusterEnvironment
+
+_REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class TorchElasticEnvironment(ClusterEnvironment):
+    """Reads RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT."""
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        """torchrun started every process."""
+        return True
+
+    @property
+    def main_address(self) -> str:
+        """MASTER_ADDR."""
+        return os.environ["MASTER_ADDR"]
+
+    @property
+    def main_port(self) -> int:
+        """MASTER_PORT."""
+        return int(os.environ["MASTER_PORT"])
+
+    @staticmethod
+    def detect() -> bool:
+        """All of torchrun's rank variables are set."""
+        return all(name in os.environ for name in _REQUIRED)
+
+    def world_size(self) -> int | None:
+        """WORLD_SIZE."""
+        return int(os.environ["WORLD_SIZE"])
+
+    def global_rank(self) -> int | None:
+        """RANK."""
+        return int(os.environ["RANK"])
+
+    def local_rank(self) -> int:
+        """LOCAL_RANK."""
+        return int(os.environ["LOCAL_RANK"])
+
+    def node_rank(self) -> int:
+        """GROUP_RANK (torchrun's node rank), else NODE_RANK, else 0."""
+        return int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", 0)))
+
+    def processes_per_node(self) -> int | None:
+        """LOCAL_WORLD_SIZE, when torchrun set it."""
+        value = os.environ.get("LOCAL_WORLD_SIZE")
+        return int(value) if value else None

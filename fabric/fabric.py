@@ -1,0 +1,403 @@
+"""The Fabric facade: flags -> Connector -> one Strategy; wraps the user's objects."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Generator, Iterable, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from fabric import _collectives
+from fabric._connector import connect
+from fabric._dataloader import _FabricDataLoader
+from fabric.accelerators.accelerator import Accelerator
+from fabric.loggers.logger import Logger
+from fabric.strategies.strategy import Strategy
+from fabric.utilities.apply_func import move_to_device
+from fabric.utilities.seed import seed_everything as _seed_everything
+from fabric.wrappers import _BackwardState, _FabricModule, _FabricOptimizer, is_wrapped, unwrap_objects
+
+
+class Fabric:
+    """Adds multi-process, multi-device and mixed-precision training to a raw PyTorch loop."""
+
+    def __init__(
+        self,
+        *,
+        accelerator: str | Accelerator = "auto",
+        strategy: str | Strategy = "auto",
+        devices: list[int] | str | int = "auto",
+        num_nodes: int = 1,
+        precision: str | int | None = None,
+        plugins: Any | list[Any] | None = None,
+        callbacks: Any | list[Any] | None = None,
+        loggers: Logger | list[Logger] | None = None,
+    ) -> None:
+        self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
+        self._callbacks = _as_list(callbacks)
+        self._loggers = _as_list(loggers)
+        self._launched = False
+        self._backward_state = _BackwardState()
+
+    # -- properties -----------------------------------------------------------------------------
+    @property
+    def accelerator(self) -> Accelerator:
+        """The hardware in use."""
+        assert self._strategy.accelerator is not None, "the connector always sets one"
+        return self._strategy.accelerator
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy in use."""
+        return self._strategy
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self._strategy.root_device
+
+    @property
+    def global_rank(self) -> int:
+        """Rank of this process among all processes."""
+        return self._strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        """Rank of this process on its machine."""
+        return self._strategy.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        """Rank of this machine."""
+        return self._strategy.node_rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes."""
+        return self._strategy.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this process has global rank 0."""
+        return self._strategy.is_global_zero
+
+    @property
+    def loggers(self) -> list[Logger]:
+        """All loggers."""
+        return self._loggers
+
+    @property
+    def logger(self) -> Logger:
+        """The first logger."""
+        if not self._loggers:
+            raise RuntimeError(
+                "fabric.logger: no logger was configured. Pass loggers=CSVLogger('logs') (or another Logger) "
+                "to Fabric(...)."
+            )
+        return self._loggers[0]
+
+    # -- launching ------------------------------------------------------------------------------
+    def launch(self, function: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Start the processes (if fabric starts them) and join the process group; run `function(fabric, *args)`."""
+        if self._launched:
+            raise RuntimeError(
+                "fabric.launch(): launch was already called for this Fabric object, and the processes exist. "
+                "Call it once, at the start of your script."
+            )
+        launcher = self._strategy.launcher
+        if function is not None:
+            _check_launch_function(function, args, kwargs)
+        elif launcher is not None and not launcher.continues_script:
+            raise TypeError(
+                f"fabric.launch(): strategy {type(self._strategy).__name__} starts new processes that run a "
+                "function, not the rest of your script. Pass it: fabric.launch(train), with def train(fabric): ..."
+            )
+        if launcher is None:
+            return self._run_worker(function, args, kwargs)
+        return launcher.launch(self._run_worker, function, args, kwargs)
+
+    def _run_worker(self, function: Callable[..., Any] | None, args: tuple, kwargs: dict) -> Any:
+        self._strategy.setup_environment()
+        self._launched = True
+        if function is None:
+            return None
+        launcher = self._strategy.launcher
+        if launcher is not None and not launcher.continues_script:
+            # A worker that only runs `function`: leave the process group cleanly when it returns.
+            try:
+                return function(self, *args, **kwargs)
+            finally:
+                self._strategy.teardown()
+        return function(self, *args, **kwargs)
+
+    def _validate_launched(self, method: str) -> None:
+        if self._launched:
+            return
+        if self._strategy.requires_launch:
+            raise RuntimeError(
+                f"fabric.{method}() was called before fabric.launch(), so the {self.world_size} processes of "
+                f"strategy {type(self._strategy).__name__} do not exist yet. Call fabric.launch() first (or "
+                "pass your training function to fabric.launch)."
+            )
+        self._strategy.setup_environment()
+        self._launched = True
+
+    # -- setup ----------------------------------------------------------------------------------
+    def setup(self, module: Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
+        """Set up a model and its optimizers; returns the model, or (model, *optimizers)."""
+        self._validate_launched("setup")
+        self._check_not_wrapped(module, "setup")
+        for opt in optimizers:
+            self._check_not_wrapped(opt, "setup")
+        module = self._strategy.precision.convert_module(module)
+        if move_to_device:
+            self._strategy.module_to_device(module)
+        forward_module, opts = self._strategy.setup_module_and_optimizers(module, optimizers)
+        wrapped = self._wrap_module(forward_module, module)
+        wrapped_opts = [_FabricOptimizer(opt, self._strategy) for opt in opts]
+        return (wrapped, *wrapped_opts) if optimizers else wrapped
+
+    def setup_module(self, module: Module, move_to_device: bool = True) -> _FabricModule:
+        """Set up a model alone (call before creating optimizers for sharded strategies)."""
+        self._validate_launched("setup_module")
+        self._check_not_wrapped(module, "setup_module")
+        module = self._strategy.precision.convert_module(module)
+        if move_to_device:
+            self._strategy.module_to_device(module)
+        return self._wrap_module(self._strategy.setup_module(module), module)
+
+    def setup_optimizers(self, *optimizers: Optimizer) -> Any:
+        """Set up optimizers whose model is already set up; returns one or a tuple."""
+        self._validate_launched("setup_optimizers")
+        if self._strategy.requires_joint_setup:
+            raise RuntimeError(
+                f"fabric.setup_optimizers(): strategy {type(self._strategy).__name__} must see the model and its "
+                "optimizers together. Call model, optimizer = fabric.setup(model, optimizer) instead."
+            )
+        if not optimizers:
+            raise TypeError("fabric.setup_optimizers(): no optimizer was passed. Pass at least one optimizer.")
+        wrapped = []
+        for opt in optimizers:
+            self._check_not_wrapped(opt, "setup_optimizers")
+            wrapped.append(_FabricOptimizer(self._strategy.setup_optimizer(opt), self._strategy))
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+    def setup_dataloaders(
+        self, *dataloaders: DataLoader, use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> Any:
+        """Shard each loader across processes (via the strategy), seed its workers, move batches to the device."""
+        self._validate_launched("setup_dataloaders")
+        if not dataloaders:
+            raise TypeError("fabric.setup_dataloaders(): no DataLoader was passed. Pass at least one.")
+        loaders = [self._setup_dataloader(d, use_distributed_sampler, move_to_device) for d in dataloaders]
+        return loaders[0] if len(loaders) == 1 else loaders
+
+    def _setup_dataloader(self, loader: Any, use_sampler: bool, move: bool) -> _FabricDataLoader:
+        from fabric.utilities.data import add_worker_init_fn
+        from fabric.utilities.seed import current_seed_config
+
+        if isinstance(loader, _FabricDataLoader):
+            raise ValueError(
+                "fabric.setup_dataloaders(): this DataLoader was already set up. Pass the original loader once."
+            )
+        if not isinstance(loader, DataLoader):
+            raise TypeError(
+                f"fabric.setup_dataloaders({type(loader).__name__}): expected a torch.utils.data.DataLoader. "
+                "Wrap your dataset in DataLoader(dataset, batch_size=...) first."
+            )
+        if use_sampler:
+            loader = self._strategy.process_dataloader(loader)
+        seed, seed_workers = current_seed_config()
+        if seed_workers and seed is not None:
+            loader = add_worker_init_fn(loader, rank=self.global_rank, base_seed=seed)
+        device = self.device if move and self.device.type != "cpu" else None
+        return _FabricDataLoader(loader, device=device, move_fn=move_to_device if device is not None else None)
+
+    def _wrap_module(self, forward_module: Module, original: Module) -> _FabricModule:
+        state = self._backward_state if self._strategy.precision.requires_fabric_backward else None
+        return _FabricModule(forward_module, original, self._strategy.precision, state)
+
+    @staticmethod
+    def _check_not_wrapped(obj: Any, method: str) -> None:
+        if is_wrapped(obj):
+            raise ValueError(
+                f"fabric.{method}({type(obj).__name__}): this object was already set up by fabric. Set each "
+                "model and optimizer up once, and keep using the object that setup returned."
+            )
+
+    # -- training step --------------------------------------------------------------------------
+    def backward(self, tensor: Tensor, *args: Any, model: _FabricModule | None = None, **kwargs: Any) -> None:
+        """Use instead of `loss.backward()`: goes through the strategy and precision (loss scaling, ...)."""
+        module = model._forward_module if isinstance(model, _FabricModule) else model
+        self._backward_state.active = True
+        try:
+            self._strategy.backward(tensor, module, *args, **kwargs)
+        finally:
+            self._backward_state.active = False
+
+    def clip_gradients(
+        self,
+        module: Module,
+        optimizer: Optimizer,
+        clip_val: float | int | None = None,
+        max_norm: float | int | None = None,
+        norm_type: float | int = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor | None:
+        """Clip by value (`clip_val`) or by total norm (`max_norm`, returns the norm); unscales first."""
+        if (clip_val is None) == (max_norm is None):
+            raise ValueError(
+                f"fabric.clip_gradients(clip_val={clip_val}, max_norm={max_norm}): pass exactly one of them: "
+                "clip_val clamps each gradient value, max_norm rescales the total gradient norm."
+            )
+        opt = unwrap_objects(optimizer)
+        if max_norm is not None:
+            return self._strategy.clip_gradients_norm(
+                module, opt, float(max_norm), float(norm_type), error_if_nonfinite
+            )
+        self._strategy.clip_gradients_value(module, opt, float(clip_val))  # type: ignore[arg-type]
+        return None
+
+    def autocast(self) -> AbstractContextManager:
+        """The precision's forward context, for code that runs outside the model's forward."""
+        return self._strategy.precision.forward_context()
+
+    def no_backward_sync(self, module: _FabricModule, enabled: bool = True) -> AbstractContextManager:
+        """Skip gradient synchronisation while accumulating gradients over several backward calls."""
+        if not isinstance(module, _FabricModule):
+            raise TypeError(
+                f"fabric.no_backward_sync({type(module).__name__}): expected the model returned by fabric.setup(). "
+                "Pass that model."
+            )
+        if not enabled:
+            return nullcontext()
+        return self._strategy.no_backward_sync(module._forward_module, enabled)
+
+    def to_device(self, obj: Any) -> Any:
+        """Move a module, a tensor, or a collection of tensors to this process's device."""
+        if isinstance(obj, Module):
+            self._strategy.module_to_device(obj)
+            return obj
+        return move_to_device(obj, self.device)
+
+    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager:
+        """Create the model directly on the device in the target dtype; `empty_init` skips weight init."""
+        self._validate_launched("init_module")
+        return self._strategy.module_init_context(empty_init=empty_init)
+
+    def init_tensor(self) -> AbstractContextManager:
+        """Create tensors directly on the device in the target dtype."""
+        return self._strategy.tensor_init_context()
+
+    # -- collectives ----------------------------------------------------------------------------
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process reaches this point."""
+        self._validate_launched("barrier")
+        self._strategy.barrier(name=name)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Send a picklable object from process `src` to all processes."""
+        self._validate_launched("broadcast")
+        return self._strategy.broadcast(obj, src=src)
+
+    def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        """Gather tensors (or numbers, or collections of them) from all processes."""
+        self._validate_launched("all_gather")
+        return _collectives.all_gather(self._strategy, data, group, sync_grads)
+
+    def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str = "mean") -> Any:
+        """Reduce tensors (or numbers, or collections of them) across processes: mean, sum, max or min."""
+        self._validate_launched("all_reduce")
+        return _collectives.all_reduce(self._strategy, data, group, reduce_op)
+
+    @contextmanager
+    def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:
+        """Let rank 0 (per machine with `local=True`) run the block first, e.g. to download data once."""
+        rank = self.local_rank if local else self.global_rank
+        if rank > 0:
+            self.barrier()
+        yield
+        if rank == 0:
+            self.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on local rank 0 only (once per machine), as in Lightning Fabric."""
+        if self.local_rank == 0:
+            print(*args, **kwargs)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save(
+        self,
+        path: str | Path,
+        state: dict[str, Any],
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+    ) -> None:
+        """Save modules, optimizers and plain values atomically; only the ranks the strategy allows write."""
+        self._validate_launched("save")
+        self._strategy.save_checkpoint(path, state, filter=filter)
+        self.barrier()
+
+    def load(self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True) -> dict[str, Any]:
+        """Restore `state` in place from a checkpoint; returns what the checkpoint held beyond `state`."""
+        self._validate_launched("load")
+        remainder = self._strategy.load_checkpoint(path, state=state, strict=strict)
+        self.barrier()
+        return remainder
+
+    def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True) -> None:
+        """Load a plain state dict file (e.g. from torch.save(model.state_dict())) into a module or optimizer."""
+        self._validate_launched("load_raw")
+        self._strategy.load_checkpoint(path, state=obj, strict=strict)
+
+    # -- callbacks, logging, seeding --------------------------------------------------------------
+    def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
+        """Call `hook_name(*args, **kwargs)` on every callback that defines it."""
+        for callback in self._callbacks:
+            method = getattr(callback, hook_name, None)
+            if callable(method):
+                method(*args, **kwargs)
+
+    def log(self, name: str, value: Any, step: int | None = None) -> None:
+        """Log one metric to every logger (from global rank 0 only)."""
+        self.log_dict({name: value}, step=step)
+
+    def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Log several metrics to every logger (from global rank 0 only)."""
+        if not self._loggers or not self.is_global_zero:
+            return
+        values = {k: (v.item() if isinstance(v, Tensor) else v) for k, v in metrics.items()}
+        for logger in self._loggers:
+            logger.log_metrics(values, step=step)
+
+    @staticmethod
+    def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
+        """Seed python, numpy and torch; with `workers` (default True) dataloader workers are seeded too."""
+        return _seed_everything(seed, workers=True if workers is None else workers, verbose=verbose)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else [value]
+
+
+def _check_launch_function(function: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    if not callable(function):
+        raise TypeError(f"fabric.launch({function!r}): expected a function. Pass e.g. fabric.launch(train).")
+    try:
+        inspect.signature(function).bind(None, *args, **kwargs)
+    except TypeError:
+        name = getattr(function, "__name__", repr(function))
+        raise TypeError(
+            f"fabric.launch({name}): {name}() must take the Fabric object as its first argument, followed by the "
+            f"arguments given to launch. Define it as def {name}(fabric, ...)."
+        ) from None
+    except ValueError:  # builtins without a signature: nothing to check
+        pass

@@ -1,0 +1,195 @@
+"""A logger that writes metrics to a CSV file and hyperparameters to JSON, with no extra dependency."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import warnings
+from argparse import Namespace
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from torch import Tensor
+
+from fabric.loggers.logger import (
+    Logger,
+    _add_prefix,
+    _next_version,
+    _params_to_dict,
+    _scalar,
+    _version_dir_name,
+)
+
+
+class CSVLogger(Logger):
+    """Log metrics to ``root_dir/name/version_N/metrics.csv`` and hyperparameters to ``hparams.json``.
+
+    Hyperparameters go to JSON rather than Lightning's ``hparams.yaml`` so that no YAML package is needed;
+    every YAML 1.2 parser reads the file as well.
+
+    Args:
+        root_dir: the directory experiments are saved under.
+        name: the experiment name; ``None`` or ``""`` puts versions directly under ``root_dir``.
+        version: the experiment version. ``None`` picks the next free ``version_N``; a string is used as
+            the directory name.
+        prefix: joined to every metric name as ``prefix-name``.
+        flush_logs_every_n_steps: how many ``log_metrics`` calls to buffer before writing to disk.
+    """
+
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(
+        self,
+        root_dir: str | Path,
+        name: str | None = "lightning_logs",
+        version: int | str | None = None,
+        prefix: str = "",
+        flush_logs_every_n_steps: int = 100,
+    ) -> None:
+        if flush_logs_every_n_steps < 1:
+            raise ValueError(
+                f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps}): the logger needs to flush"
+                " after at least one call. Pass 1 or more."
+            )
+        self._root_dir = os.fspath(root_dir)
+        self._name = name or ""
+        self._version = version
+        self._prefix = prefix
+        self._flush_every = flush_logs_every_n_steps
+        self._hparams: dict[str, Any] = {}
+        self._writer: _MetricsWriter | None = None
+
+    @property
+    def name(self) -> str:
+        """The experiment name."""
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        """The experiment version, chosen on first access when not given."""
+        if self._version is None:
+            # Chosen once: later accesses must not move to a new directory once this one exists.
+            self._version = _next_version(Path(self._root_dir, self._name))
+        return self._version
+
+    @property
+    def root_dir(self) -> str:
+        """The directory experiments are saved under."""
+        return self._root_dir
+
+    @property
+    def log_dir(self) -> str:
+        """The directory of this experiment version."""
+        return os.fspath(Path(self._root_dir, self._name, _version_dir_name(self.version)))
+
+    def log_metrics(self, metrics: Mapping[str, float | Tensor], step: int | None = None) -> None:
+        """Buffer one row of metrics; it is written every ``flush_logs_every_n_steps`` calls."""
+        if self._writer is None:
+            self._writer = _MetricsWriter(Path(self.log_dir) / "metrics.csv")
+        row = {
+            key: _scalar(key, value, "CSVLogger")
+            for key, value in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items()
+        }
+        row["step"] = self._writer.rows_logged if step is None else step
+        self._writer.add(row)
+        # Counting calls, not step values, so that logging every k-th step still flushes regularly.
+        if self._writer.pending >= self._flush_every:
+            self.save()
+
+    def log_hyperparams(self, params: dict[str, Any] | Namespace | Any, *args: Any, **kwargs: Any) -> None:
+        """Merge ``params`` into ``hparams.json``; values JSON cannot hold are written as strings."""
+        self._hparams.update(_params_to_dict(params, "CSVLogger"))
+        path = Path(self.log_dir) / "hparams.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self._hparams, indent=2, default=_json_default)
+        _atomic_write(path, lambda file: file.write(text + "\n"))
+
+    def save(self) -> None:
+        """Write buffered metric rows to ``metrics.csv``."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def finalize(self, status: str) -> None:
+        """Write anything still buffered."""
+        self.save()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Tensor) and value.numel() == 1:
+        return value.item()
+    return str(value)
+
+
+def _atomic_write(path: Path, write: Callable[[TextIO], object]) -> None:
+    # Write next to the target and swap it in, so a crash mid-write leaves the previous file whole.
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as file:
+        write(file)
+    tmp.replace(path)
+
+
+class _MetricsWriter:
+    """Buffers metric rows and writes them to one CSV file, widening the header when new keys appear."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows_logged = 0
+        self._rows: list[dict[str, Any]] = []
+        self._keys: list[str] = []
+        self._started = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._rows)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._rows.append(row)
+        self.rows_logged += 1
+
+    def flush(self) -> None:
+        if not self._rows:
+            return
+        new_keys = set().union(*self._rows) - set(self._keys)
+        # Sorted like Lightning's CSVLogger so files from both look the same.
+        keys = sorted(set(self._keys) | new_keys)
+        if not self._started:
+            self._warn_if_replacing()
+            self._write_all(keys, self._rows)
+        elif new_keys:
+            # CSV cannot add a column in place: rewrite the old rows under the wider header.
+            self._write_all(keys, self._read_rows() + self._rows)
+        else:
+            self._append(self._rows)
+        self._keys = keys
+        self._rows = []
+        self._started = True
+
+    def _warn_if_replacing(self) -> None:
+        if self.path.exists():
+            warnings.warn(
+                f"CSVLogger: {self.path} exists from an earlier run with the same version; it is replaced"
+                " now. Pass version=None to write each run to a fresh version directory.",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    def _read_rows(self) -> list[dict[str, Any]]:
+        with self.path.open(newline="") as file:
+            return list(csv.DictReader(file))
+
+    def _write_all(self, keys: list[str], rows: list[dict[str, Any]]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+        def write(file: TextIO) -> None:
+            writer = csv.DictWriter(file, fieldnames=keys, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
+
+        _atomic_write(self.path, write)
+
+    def _append(self, rows: list[dict[str, Any]]) -> None:
+        # Appending never touches rows already on disk, so it needs no temporary file.
+        with self.path.open("a", newline="") as file:
+            csv.DictWriter(file, fieldnames=self._keys, restval="").writerows(rows)

@@ -1,0 +1,115 @@
+"""The interface every experiment logger implements, and helpers the built-in loggers share."""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from argparse import Namespace
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+from torch.nn import Module
+
+
+class Logger(ABC):
+    """Records the metrics and hyperparameters of one experiment.
+
+    Loggers know nothing about ranks: the Fabric calls them on global rank 0 only. They create
+    directories on their first write, never in ``__init__``.
+    """
+
+    @property
+    @abstractmethod
+    def name(self) -> str | None:
+        """The experiment name."""
+
+    @property
+    @abstractmethod
+    def version(self) -> int | str | None:
+        """The experiment version."""
+
+    @property
+    def root_dir(self) -> str | None:
+        """The directory all experiments of this logger live under, if it writes locally."""
+        return None
+
+    @property
+    def log_dir(self) -> str | None:
+        """The directory this experiment writes to, if it writes locally."""
+        return None
+
+    @property
+    def group_separator(self) -> str:
+        """The character that separates a metric group from the metric name, as in ``train/loss``."""
+        return "/"
+
+    @abstractmethod
+    def log_metrics(self, metrics: Mapping[str, float | Tensor], step: int | None = None) -> None:
+        """Record metric values, optionally at a given step."""
+
+    @abstractmethod
+    def log_hyperparams(self, params: dict[str, Any] | Namespace | Any, *args: Any, **kwargs: Any) -> None:
+        """Record the hyperparameters of the experiment."""
+
+    def log_graph(self, model: Module, input_array: Tensor | None = None) -> None:  # noqa: B027
+        """Record the computational graph of ``model``; loggers that cannot do so ignore the call."""
+
+    def save(self) -> None:  # noqa: B027
+        """Write anything still buffered to storage."""
+
+    def finalize(self, status: str) -> None:
+        """Finish the experiment; ``status`` says how it ended (for example ``"success"``)."""
+        self.save()
+
+
+def _next_version(directory: Path) -> int:
+    """Return one more than the highest ``version_N`` directory under ``directory``, or 0 if none."""
+    if not directory.is_dir():
+        return 0
+    versions = [
+        int(child.name[len("version_") :])
+        for child in directory.iterdir()
+        if child.is_dir() and child.name.startswith("version_") and child.name[len("version_") :].isdigit()
+    ]
+    return max(versions, default=-1) + 1
+
+
+def _version_dir_name(version: int | str) -> str:
+    # A string version is used verbatim so users can name runs; an int becomes Lightning's version_N.
+    return version if isinstance(version, str) else f"version_{version}"
+
+
+def _add_prefix(metrics: Mapping[str, Any], prefix: str, separator: str) -> dict[str, Any]:
+    if not prefix:
+        return dict(metrics)
+    return {f"{prefix}{separator}{key}": value for key, value in metrics.items()}
+
+
+def _params_to_dict(params: Any, caller: str) -> dict[str, Any]:
+    """Turn the hyperparameter forms users pass (dict, Namespace, dataclass, None) into a plain dict."""
+    if params is None:
+        return {}
+    if isinstance(params, Namespace):
+        return vars(params).copy()
+    if isinstance(params, Mapping):
+        return dict(params)
+    if dataclasses.is_dataclass(params) and not isinstance(params, type):
+        return {field.name: getattr(params, field.name) for field in dataclasses.fields(params)}
+    raise TypeError(
+        f"{caller}.log_hyperparams(params={type(params).__name__}): hyperparameters must be a dict,"
+        " an argparse.Namespace or a dataclass instance. Pass one of those, for example vars(obj)."
+    )
+
+
+def _scalar(name: str, value: Any, caller: str) -> Any:
+    """Return a tensor metric as a python number; other values pass through unchanged."""
+    if not isinstance(value, Tensor):
+        return value
+    if value.numel() != 1:
+        raise ValueError(
+            f"{caller}.log_metrics({name!r}=tensor of shape {tuple(value.shape)}): a metric must be a single"
+            " number. Reduce it first, for example with .mean(), or log each element under its own name."
+        )
+    return value.item()

@@ -1,0 +1,193 @@
+"""A logger that writes TensorBoard event files; tensorboard is imported only when it first writes."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from argparse import Namespace
+from collections.abc import Mapping
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+from torch.nn import Module
+
+from fabric.loggers.logger import (
+    Logger,
+    _add_prefix,
+    _next_version,
+    _params_to_dict,
+    _scalar,
+    _version_dir_name,
+)
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+
+class TensorBoardLogger(Logger):
+    """Log to ``root_dir/name/version_N[/sub_dir]`` in TensorBoard's format.
+
+    Args:
+        root_dir: the directory experiments are saved under.
+        name: the experiment name; ``None`` or ``""`` puts versions directly under ``root_dir``.
+        version: the experiment version. ``None`` picks the next free ``version_N``; a string is used as
+            the directory name.
+        default_hp_metric: whether ``log_hyperparams`` without metrics logs a placeholder ``hp_metric``
+            of -1, so TensorBoard's HPARAMS tab shows the run.
+        prefix: joined to every metric name as ``prefix-name``.
+        sub_dir: a directory inside the version directory to write to.
+        **kwargs: passed on to ``torch.utils.tensorboard.SummaryWriter``.
+    """
+
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(
+        self,
+        root_dir: str | Path,
+        name: str | None = "lightning_logs",
+        version: int | str | None = None,
+        default_hp_metric: bool = True,
+        prefix: str = "",
+        sub_dir: str | Path | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # find_spec only locates the package; importing tensorboard here would slow `import fabric`.
+        if find_spec("tensorboard") is None:
+            raise ModuleNotFoundError(
+                "TensorBoardLogger needs the `tensorboard` package, which is not installed."
+                " Run `pip install torchfabric[tensorboard]` (or `pip install tensorboard`),"
+                " or use CSVLogger, which needs nothing extra."
+            )
+        self._root_dir = os.fspath(root_dir)
+        self._name = name or ""
+        self._version = version
+        self._default_hp_metric = default_hp_metric
+        self._prefix = prefix
+        self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
+        self._kwargs = kwargs
+        self._experiment: SummaryWriter | None = None
+
+    @property
+    def name(self) -> str:
+        """The experiment name."""
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        """The experiment version, chosen on first access when not given."""
+        if self._version is None:
+            # Chosen once: later accesses must not move to a new directory once this one exists.
+            self._version = _next_version(Path(self._root_dir, self._name))
+        return self._version
+
+    @property
+    def root_dir(self) -> str:
+        """The directory experiments are saved under."""
+        return self._root_dir
+
+    @property
+    def sub_dir(self) -> str | None:
+        """The directory inside the version directory that is written to, if any."""
+        return self._sub_dir
+
+    @property
+    def log_dir(self) -> str:
+        """The directory the event files go to."""
+        path = Path(self._root_dir, self._name, _version_dir_name(self.version), self._sub_dir or "")
+        return os.fspath(Path(os.path.expandvars(path)).expanduser())
+
+    @property
+    def experiment(self) -> SummaryWriter:
+        """The ``SummaryWriter``, created (with its directory) on first use."""
+        if self._experiment is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._experiment = SummaryWriter(log_dir=self.log_dir, **self._kwargs)
+        return self._experiment
+
+    def log_metrics(
+        self, metrics: Mapping[str, float | Tensor | Mapping[str, float | Tensor]], step: int | None = None
+    ) -> None:
+        """Write each metric as a scalar; a dict value becomes a group of scalars in one chart."""
+        for key, value in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items():
+            if isinstance(value, Mapping):
+                scalars = {name: _scalar(f"{key}/{name}", v, "TensorBoardLogger") for name, v in value.items()}
+                self.experiment.add_scalars(key, scalars, step)
+            else:
+                self.experiment.add_scalar(key, _scalar(key, value, "TensorBoardLogger"), step)
+
+    def log_hyperparams(
+        self,
+        params: dict[str, Any] | Namespace | Any,
+        metrics: Mapping[str, float] | float | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        """Write ``params`` to the HPARAMS tab, linked to ``metrics`` (or the default ``hp_metric``)."""
+        from torch.utils.tensorboard.summary import hparams
+
+        flat = _sanitize(_flatten(_params_to_dict(params, "TensorBoardLogger")))
+        if metrics is None:
+            metric_dict = {"hp_metric": -1.0} if self._default_hp_metric else {}
+        elif isinstance(metrics, Mapping):
+            metric_dict = dict(metrics)
+        else:
+            metric_dict = {"hp_metric": metrics}
+        if metric_dict:
+            self.log_metrics(metric_dict, 0)
+        # The summaries go into this run's own event file. SummaryWriter.add_hparams would open a second
+        # writer in a new timestamped directory, which splits one run in two in TensorBoard.
+        file_writer = self.experiment._get_file_writer()
+        for summary in hparams(flat, metric_dict):
+            file_writer.add_summary(summary)
+
+    def log_graph(self, model: Module, input_array: Tensor | None = None) -> None:
+        """Write the graph of ``model`` traced on ``input_array`` (or ``model.example_input_array``)."""
+        example = getattr(model, "example_input_array", None) if input_array is None else input_array
+        if not isinstance(example, (Tensor, tuple)):
+            warnings.warn(
+                "TensorBoardLogger.log_graph: no graph was logged because no example input was found."
+                " Pass input_array=<tensor or tuple of tensors>, or set model.example_input_array.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        self.experiment.add_graph(model, example)
+
+    def save(self) -> None:
+        """Flush pending events to disk."""
+        if self._experiment is not None:
+            self._experiment.flush()
+
+    def finalize(self, status: str) -> None:
+        """Flush and close the event file; a later call to a ``log_*`` method opens a new one."""
+        if self._experiment is not None:
+            self._experiment.flush()
+            self._experiment.close()
+            self._experiment = None
+
+
+def _flatten(params: Mapping[str, Any], parent: str = "") -> dict[str, Any]:
+    # TensorBoard's HPARAMS table has one flat column per parameter, so nested dicts become "a/b" keys.
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{parent}/{key}" if parent else str(key)
+        if isinstance(value, Namespace):
+            value = vars(value)
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _sanitize(params: Mapping[str, Any]) -> dict[str, Any]:
+    # The hparams summary accepts only numbers, strings and bools; everything else is shown as text.
+    clean: dict[str, Any] = {}
+    for key, value in params.items():
+        if isinstance(value, Tensor) and value.numel() == 1:
+            value = value.item()
+        clean[key] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return clean

@@ -1,0 +1,194 @@
+"""Behaviour every strategy shares: holding its components, backward, steps, clipping, checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from fabric.strategies import _checkpoint
+
+if TYPE_CHECKING:
+    from fabric.accelerators.accelerator import Accelerator
+    from fabric.environments.cluster_environment import ClusterEnvironment
+    from fabric.io.checkpoint_io import CheckpointIO
+    from fabric.precision.precision import Precision
+    from fabric.strategies.launchers.launcher import Launcher
+
+
+class _StrategyComponents:
+    """Owns the components below the strategy and implements what does not depend on distribution."""
+
+    # Set True by strategies whose processes must be created or joined by `Fabric.launch()`.
+    requires_launch: bool = False
+    # Set True by strategies that must see model and optimizers together (DeepSpeed).
+    requires_joint_setup: bool = False
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        self._accelerator = accelerator
+        self._checkpoint_io = checkpoint_io
+        self._precision = precision
+        self._launcher: Launcher | None = None
+
+    # -- components -------------------------------------------------------------------------------
+    @property
+    def accelerator(self) -> Accelerator | None:
+        """The hardware."""
+        return self._accelerator
+
+    @property
+    def precision(self) -> Precision:
+        """The numeric policy (32-true until connected)."""
+        if self._precision is None:
+            from fabric.precision.precision import Precision
+
+            self._precision = Precision()
+        return self._precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        """How checkpoints reach storage."""
+        if self._checkpoint_io is None:
+            from fabric.io.torch_io import TorchCheckpointIO
+
+            self._checkpoint_io = TorchCheckpointIO()
+        return self._checkpoint_io
+
+    @property
+    def launcher(self) -> Launcher | None:
+        """How the processes come to exist, or None when they already do."""
+        return self._launcher
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment | None:
+        """Who this process is in the job; single-device strategies have none."""
+        return None
+
+    def _connect(
+        self,
+        *,
+        accelerator: Accelerator,
+        precision: Precision,
+        checkpoint_io: CheckpointIO,
+        cluster_environment: ClusterEnvironment,
+        parallel_devices: list[torch.device],
+        num_nodes: int,
+    ) -> None:
+        """Called once by the connector: fill in what the user did not give, then build the launcher."""
+        self._accelerator = self._accelerator or accelerator
+        self._precision = self._precision or precision
+        self._checkpoint_io = self._checkpoint_io or checkpoint_io
+
+    # -- properties every strategy derives the same way -------------------------------------------
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is the process with global rank 0."""
+        return self.global_rank == 0  # type: ignore[attr-defined]
+
+    # -- model placement and steps ------------------------------------------------------------------
+    def module_to_device(self, module: Module) -> None:
+        """Move the module's parameters and buffers to this process's device."""
+        module.to(self.root_device)  # type: ignore[attr-defined]
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
+        """Create modules on the device, in the precision's dtype, optionally skipping initialisation."""
+        from fabric.utilities.init import _EmptyInit
+
+        stack = ExitStack()
+        stack.enter_context(torch.device(self.root_device))  # type: ignore[attr-defined]
+        stack.enter_context(_EmptyInit(enabled=bool(empty_init)))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def tensor_init_context(self) -> AbstractContextManager:
+        """Create tensors on the device in the precision's dtype."""
+        stack = ExitStack()
+        stack.enter_context(torch.device(self.root_device))  # type: ignore[attr-defined]
+        stack.enter_context(self.precision.tensor_init_context())
+        return stack
+
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision plugin."""
+        self.precision.backward(tensor, module, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step through the precision plugin."""
+        return self.precision.optimizer_step(optimizer, **kwargs)
+
+    def clip_gradients_norm(
+        self,
+        module: Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float,
+        error_if_nonfinite: bool,
+    ) -> Tensor:
+        """Clip the gradient norm of the optimizer's parameters; returns the norm before clipping."""
+        self.precision.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        # With a loss scaler, inf/nan gradients are expected: the scaler skips that step.
+        check = error_if_nonfinite and not self.precision.has_loss_scaler
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type, error_if_nonfinite=check)
+
+    def clip_gradients_value(self, module: Module, optimizer: Optimizer, clip_val: float) -> None:
+        """Clamp each gradient element to [-clip_val, clip_val]."""
+        self.precision.unscale_gradients(optimizer)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grad_value_(params, clip_val)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """True if all (or any) processes decided True."""
+        value = torch.tensor(int(decision), device=self.root_device)  # type: ignore[attr-defined]
+        total = self.all_reduce(value, reduce_op="sum")  # type: ignore[attr-defined]
+        return bool(total == self.world_size) if all else bool(total > 0)  # type: ignore[attr-defined]
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def get_module_state_dict(self, module: Module) -> dict[str, Any]:
+        """The full state dict of a module."""
+        return module.state_dict()
+
+    def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """The full state dict of an optimizer."""
+        return optimizer.state_dict()
+
+    def save_checkpoint(
+        self,
+        path: str | Path,
+        state: dict[str, Any],
+        storage_options: Any = None,
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+    ) -> None:
+        """Rank 0 writes the converted state; the others wait at the barrier the Fabric calls after."""
+        converted = _checkpoint.convert_state(state, self.get_module_state_dict, self.get_optimizer_state, filter)
+        if self.is_global_zero:
+            self.checkpoint_io.save_checkpoint(converted, path, storage_options=storage_options)
+
+    def load_checkpoint(
+        self, path: str | Path, state: dict[str, Any] | Module | Optimizer | None = None, strict: bool = True
+    ) -> dict[str, Any]:
+        """Every process reads the file and restores `state` in place; returns what was not consumed."""
+        checkpoint = self.checkpoint_io.load_checkpoint(path)
+        if state is None:
+            return checkpoint
+        if isinstance(state, (Module, Optimizer)):
+            _checkpoint.load_raw_into(state, checkpoint, strict, str(path))
+            return {}
+        return _checkpoint.restore_state(state, checkpoint, strict, str(path))
+
+    def teardown(self) -> None:
+        """Release everything this strategy set up."""
+        self.precision.teardown()
+        if self._accelerator is not None:
+            self._accelerator.teardown()
+        self.checkpoint_io.teardown()

@@ -1,0 +1,98 @@
+"""Turning user state into checkpoint dictionaries and back, the same for every strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch.nn import Module
+from torch.optim import Optimizer
+
+
+def _unwrap(obj: Any) -> Any:
+    """The user's own module or optimizer behind fabric's wrappers."""
+    from fabric.wrappers import unwrap_objects
+
+    return unwrap_objects(obj)
+
+
+def convert_state(
+    state: dict[str, Any],
+    module_state: Callable[[Module], dict[str, Any]],
+    optimizer_state: Callable[[Optimizer], dict[str, Any]],
+    filter: dict[str, Callable[[str, Any], bool]] | None,
+) -> dict[str, Any]:
+    """Replace modules, optimizers and stateful objects by their state dicts; apply `filter` per key."""
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"save(state={type(state).__name__}): the state must be a dict such as "
+            "{'model': model, 'optimizer': optimizer, 'step': step}. Wrap your objects in a dict."
+        )
+    filter = filter or {}
+    unknown = set(filter) - set(state)
+    if unknown:
+        raise KeyError(
+            f"save(filter={sorted(unknown)}): these filter keys are not in the state {sorted(state)}. "
+            "Use the same keys as in the state dict."
+        )
+    converted: dict[str, Any] = {}
+    for key, value in state.items():
+        value = _unwrap(value)
+        if isinstance(value, Module):
+            value = module_state(value)
+        elif isinstance(value, Optimizer):
+            value = optimizer_state(value)
+        elif callable(getattr(value, "state_dict", None)) and not isinstance(value, dict):
+            value = value.state_dict()
+        if key in filter:
+            if not isinstance(value, dict):
+                raise TypeError(
+                    f"save(filter={{{key!r}: ...}}): state[{key!r}] is not a dict or an object with a state dict, "
+                    "so there is nothing to filter. Remove this key from the filter."
+                )
+            keep = filter[key]
+            value = {k: v for k, v in value.items() if keep(k, v)}
+        converted[key] = value
+    return converted
+
+
+def restore_state(state: dict[str, Any], checkpoint: dict[str, Any], strict: bool, path: str) -> dict[str, Any]:
+    """Load checkpoint entries into the objects in `state`, in place; return the unconsumed entries."""
+    missing = [key for key in state if key not in checkpoint]
+    if missing and strict:
+        raise KeyError(
+            f"load({path!r}, state with keys {sorted(state)}): the checkpoint has no entry for {missing}; it "
+            f"holds {sorted(checkpoint)}. Load with strict=False to skip missing entries, or fix the keys."
+        )
+    remainder = dict(checkpoint)
+    for key in state:
+        if key not in remainder:
+            continue
+        saved = remainder.pop(key)
+        target = _unwrap(state[key])
+        if isinstance(target, Module):
+            _load_module(target, saved, strict, f"{path}[{key!r}]")
+        elif isinstance(target, Optimizer) or callable(getattr(target, "load_state_dict", None)):
+            target.load_state_dict(saved)
+        else:
+            state[key] = saved
+    return remainder
+
+
+def load_raw_into(obj: Module | Optimizer, checkpoint: dict[str, Any], strict: bool, path: str) -> None:
+    """Load a plain state dict file into one module or optimizer."""
+    target = _unwrap(obj)
+    if isinstance(target, Module):
+        _load_module(target, checkpoint, strict, path)
+    else:
+        target.load_state_dict(checkpoint)
+
+
+def _load_module(module: Module, state_dict: dict[str, Any], strict: bool, where: str) -> None:
+    try:
+        module.load_state_dict(state_dict, strict=strict)
+    except RuntimeError as err:
+        raise RuntimeError(
+            f"load({where}): the saved weights do not fit {type(module).__name__}: {err}. Load into the model "
+            "the checkpoint was saved from, or pass strict=False to skip missing and unexpected keys."
+        ) from None

@@ -1,0 +1,63 @@
+"""DistributedDataParallel: one strategy, three launchers (script re-run, spawn, fork)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch.nn import Module
+from torch.nn.parallel import DistributedDataParallel
+
+from fabric.accelerators.accelerator import Accelerator
+from fabric.environments.cluster_environment import ClusterEnvironment
+from fabric.io.checkpoint_io import CheckpointIO
+from fabric.precision.precision import Precision
+from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+
+
+class DDPStrategy(ParallelStrategy):
+    """Replicates the model in every process and averages gradients during backward."""
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+        num_nodes: int = 1,
+        **ddp_kwargs: Any,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision=precision,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            num_nodes=num_nodes,
+        )
+        self._ddp_kwargs = ddp_kwargs
+
+    def setup_module(self, module: Module) -> DistributedDataParallel:
+        """Wrap in DDP; parameters are broadcast from rank 0 so every replica starts equal."""
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
+
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
+        """DDP's own no_sync: gradients accumulate locally until the next synced backward."""
+        if not enabled:
+            return nullcontext()
+        if not isinstance(module, DistributedDataParallel):
+            raise TypeError(
+                f"no_backward_sync({type(module).__name__}): gradient sync can only be skipped for a model "
+                "returned by fabric.setup(). Pass the model that fabric.setup() returned."
+            )
+        return module.no_sync()

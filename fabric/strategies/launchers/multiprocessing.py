@@ -1,0 +1,105 @@
+"""`ddp_spawn`, `ddp_fork`, `ddp_notebook`: start the workers with torch.multiprocessing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from fabric.strategies.launchers.launcher import Launcher
+
+
+class MultiProcessingLauncher(Launcher):
+    """Runs a function in N new processes and returns rank 0's result; any failure ends them all."""
+
+    def __init__(
+        self,
+        num_processes: int,
+        num_nodes: int,
+        node_rank: int,
+        main_address: str,
+        main_port: int,
+        start_method: str = "spawn",
+    ) -> None:
+        if start_method not in mp.get_all_start_methods():
+            raise ValueError(
+                f"start_method={start_method!r}: not available on this platform (available: "
+                f"{mp.get_all_start_methods()}). Use 'spawn', or 'ddp_spawn' as the strategy."
+            )
+        self.num_processes = num_processes
+        self.num_nodes = num_nodes
+        self.node_rank = node_rank
+        self.main_address = main_address
+        self.main_port = main_port
+        self.start_method = start_method
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        """Fork works from a notebook; spawn needs importable functions."""
+        return self.start_method == "fork"
+
+    @property
+    def continues_script(self) -> bool:
+        """The workers only run the function given to `launch`."""
+        return False
+
+    def launch(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Start the workers, wait for all, and return rank 0's result."""
+        if self.start_method == "fork":
+            _check_no_cuda_before_fork()
+        queue = mp.get_context(self.start_method).SimpleQueue()
+        env = {
+            "MASTER_ADDR": self.main_address,
+            "MASTER_PORT": str(self.main_port),
+            "NODE_RANK": str(self.node_rank),
+            "WORLD_SIZE": str(self.num_processes * self.num_nodes),
+        }
+        context = mp.start_processes(
+            _worker,
+            args=(env, function, args, queue),
+            nprocs=self.num_processes,
+            start_method=self.start_method,
+            join=False,
+        )
+        try:
+            while not context.join():
+                pass
+        except mp.ProcessRaisedException as err:
+            raise RuntimeError(self._describe(err.error_index, "raised an exception", err.msg)) from None
+        except mp.ProcessExitedException as err:
+            how = f"was killed by {err.signal_name}" if err.signal_name else f"exited with code {err.exit_code}"
+            raise RuntimeError(self._describe(err.error_index, how, "")) from None
+        return queue.get() if not queue.empty() else None
+
+    def _describe(self, local_rank: int, how: str, details: str) -> str:
+        rank = self.node_rank * self.num_processes + local_rank
+        text = f"fabric.launch(): the process with global rank {rank} {how}; the other processes were ended."
+        return f"{text}\n{details.strip()}" if details else text
+
+
+def _worker(local_rank: int, env: dict[str, str], function: Callable, args: tuple, queue: Any) -> None:
+    """Entry point of each worker: say who it is (like torchrun does), run, hand back rank 0's result."""
+    os.environ.update(env)
+    os.environ["LOCAL_RANK"] = str(local_rank)
+    result = function(*args)
+    if local_rank == 0 and env["NODE_RANK"] == "0":
+        queue.put(_to_cpu(result))
+
+
+def _to_cpu(result: Any) -> Any:
+    from fabric.utilities.apply_func import apply_to_collection
+
+    return apply_to_collection(result, torch.Tensor, lambda t: t.detach().cpu())
+
+
+def _check_no_cuda_before_fork() -> None:
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "Fabric(strategy='ddp_fork'/'ddp_notebook').launch(): CUDA was already initialised in this process, "
+            "and a forked process cannot use CUDA after that. Move everything that touches CUDA (moving tensors "
+            "or models to the GPU, torch.cuda calls) into the function you pass to fabric.launch(), restart the "
+            "notebook kernel, or use strategy='ddp_spawn'."
+        )

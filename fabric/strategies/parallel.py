@@ -1,0 +1,228 @@
+"""Base for strategies with one process per device: ranks, the process group, collectives, launchers."""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from fabric.accelerators.accelerator import Accelerator
+from fabric.environments.cluster_environment import ClusterEnvironment
+from fabric.io.checkpoint_io import CheckpointIO
+from fabric.precision.precision import Precision
+from fabric.strategies.strategy import Strategy
+from fabric.utilities import distributed as _dist
+
+# torch's own default for collectives; long enough for slow first steps, finite so nothing hangs forever.
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+_START_METHODS = ("popen", "spawn", "fork", "forkserver")
+
+
+class ParallelStrategy(Strategy):
+    """One process per device, joined in torch.distributed's default process group."""
+
+    requires_launch = True
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+        num_nodes: int = 1,
+    ) -> None:
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
+        if start_method not in _START_METHODS:
+            raise ValueError(
+                f"{type(self).__name__}(start_method={start_method!r}): unknown start method. "
+                f"Use one of {', '.join(_START_METHODS)}."
+            )
+        self.parallel_devices = parallel_devices
+        self._cluster_environment = cluster_environment
+        self._process_group_backend = process_group_backend
+        self._timeout = timeout or DEFAULT_TIMEOUT
+        self._start_method = start_method
+        self.num_nodes = num_nodes
+        self._owns_process_group = False
+
+    def _connect(
+        self,
+        *,
+        cluster_environment: ClusterEnvironment,
+        parallel_devices: list[torch.device],
+        num_nodes: int,
+        **components: Any,
+    ) -> None:
+        """Fill in what is missing, then choose the launcher from the environment and start method."""
+        super()._connect(
+            cluster_environment=cluster_environment,
+            parallel_devices=parallel_devices,
+            num_nodes=num_nodes,
+            **components,
+        )
+        self._cluster_environment = self._cluster_environment or cluster_environment
+        self.parallel_devices = self.parallel_devices or parallel_devices
+        self.num_nodes = num_nodes
+        self._launcher = self._make_launcher()
+
+    def _make_launcher(self) -> Any:
+        env = self.cluster_environment
+        if env is None or env.creates_processes_externally:
+            return None
+        layout = (self.num_processes, self.num_nodes, env.node_rank(), env.main_address, env.main_port)
+        if self._start_method == "popen":
+            from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
+
+            return SubprocessScriptLauncher(*layout)
+        from fabric.strategies.launchers.multiprocessing import MultiProcessingLauncher
+
+        return MultiProcessingLauncher(*layout, start_method=self._start_method)
+
+    # -- who am I ---------------------------------------------------------------------------------
+    @property
+    def cluster_environment(self) -> ClusterEnvironment | None:
+        """Where ranks, world size and the rendezvous address come from."""
+        return self._cluster_environment
+
+    @property
+    def num_processes(self) -> int:
+        """Processes on this machine."""
+        return len(self.parallel_devices) if self.parallel_devices else 0
+
+    @property
+    def local_rank(self) -> int:
+        """From the environment (set by our launcher or the external one)."""
+        return self.cluster_environment.local_rank() if self.cluster_environment else 0
+
+    @property
+    def node_rank(self) -> int:
+        """From the environment."""
+        return self.cluster_environment.node_rank() if self.cluster_environment else 0
+
+    @property
+    def global_rank(self) -> int:
+        """The environment's, or node_rank * processes per node + local_rank."""
+        rank = self.cluster_environment.global_rank() if self.cluster_environment else None
+        return rank if rank is not None else self.node_rank * self.num_processes + self.local_rank
+
+    @property
+    def world_size(self) -> int:
+        """The environment's, or processes per node x nodes."""
+        size = self.cluster_environment.world_size() if self.cluster_environment else None
+        return size if size is not None else self.num_processes * self.num_nodes
+
+    @property
+    def root_device(self) -> torch.device:
+        """The device of this local rank."""
+        if not self.parallel_devices:
+            return torch.device("cpu")
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def process_group_backend(self) -> str:
+        """nccl for CUDA, gloo otherwise, unless the user chose."""
+        if self._process_group_backend:
+            return self._process_group_backend
+        return "nccl" if self.root_device.type == "cuda" else "gloo"
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        """How to shard a dataset across processes."""
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    # -- process group --------------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        """Select the device and join (or reuse) the default process group."""
+        if self.accelerator is not None:
+            self.accelerator.setup_device(self.root_device)
+        if dist.is_initialized():
+            self._check_existing_group()
+            return
+        env = self.cluster_environment
+        assert env is not None, "connector always sets a cluster environment"
+        _dist.init_process_group(
+            self.process_group_backend,
+            env.main_address,
+            env.main_port,
+            self.world_size,
+            self.global_rank,
+            self._timeout,
+        )
+        self._owns_process_group = True
+        # gloo processes that exit with a live group can abort; leave cleanly even if the user never tears down.
+        atexit.register(_teardown_if_alive, weakref.ref(self))
+
+    def _check_existing_group(self) -> None:
+        if dist.get_world_size() != self.world_size or dist.get_rank() != self.global_rank:
+            raise RuntimeError(
+                f"{type(self).__name__}: torch.distributed is already initialised with world size "
+                f"{dist.get_world_size()} and rank {dist.get_rank()}, but the flags give world size "
+                f"{self.world_size} and rank {self.global_rank}. Make devices/num_nodes match the existing "
+                "process group."
+            )
+
+    def teardown(self) -> None:
+        """Destroy the process group if this strategy created it."""
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_process_group = False
+        super().teardown()
+
+    # -- collectives ----------------------------------------------------------------------------------
+    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
+        """Give each process its shard of the data through a distributed sampler."""
+        from fabric.utilities.data import inject_distributed_sampler
+        from fabric.utilities.seed import current_seed_config
+
+        seed, _ = current_seed_config()
+        return inject_distributed_sampler(dataloader, self.world_size, self.global_rank, seed=seed or 0)
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait for every process (no-op before the group exists)."""
+        if not dist.is_initialized():
+            return
+        if self.process_group_backend == "nccl":
+            dist.barrier(device_ids=[self.root_device.index])
+        else:
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Send a picklable object from `src` to every process."""
+        if not dist.is_initialized():
+            return obj
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=src, device=self._object_device)
+        return holder[0]
+
+    @property
+    def _object_device(self) -> torch.device | None:
+        return self.root_device if self.process_group_backend == "nccl" else None
+
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+        """Stack the tensors of all processes along a new first dimension."""
+        if not dist.is_initialized():
+            return tensor
+        return _dist.all_gather(tensor, group=group, sync_grads=sync_grads)
+
+    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
+        """Reduce across processes; the input is left unchanged."""
+        if not dist.is_initialized():
+            _dist.check_reduce_op(reduce_op)
+            return tensor
+        return _dist.all_reduce(tensor, reduce_op, self.world_size, group=group)
+
+
+def _teardown_if_alive(ref: weakref.ref) -> None:
+    strategy = ref()
+    if strategy is not None:
+        strategy.teardown()

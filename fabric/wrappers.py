@@ -1,0 +1,147 @@
+"""What `fabric.setup` returns: thin wrappers that route forward and step through strategy and precision."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from fabric.precision.precision import Precision
+from fabric.strategies.strategy import Strategy
+
+
+class _BackwardState:
+    """Per-Fabric flag telling output hooks whether backward runs through `fabric.backward`."""
+
+    __slots__ = ("active",)
+
+    def __init__(self) -> None:
+        self.active = False
+
+
+class _FabricModule(Module):
+    """Runs forward under the precision policy; attributes and state dict come from the user's module."""
+
+    def __init__(
+        self,
+        forward_module: Module,
+        original_module: Module,
+        precision: Precision,
+        backward_state: _BackwardState | None = None,
+    ) -> None:
+        super().__init__()
+        self._forward_module = forward_module
+        self._original_module = original_module
+        self._precision = precision
+        # Only hooked when a plain loss.backward() would silently be wrong; otherwise zero cost.
+        self._backward_state = backward_state
+        self._fabric_module_initialized = True
+
+    @property
+    def module(self) -> Module:
+        """The user's module, as Lightning Fabric exposes it."""
+        return self._original_module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Convert inputs, run forward under autocast/dtype policy, convert outputs."""
+        precision = self._precision
+        if not precision.changes_forward:
+            output = self._forward_module(*args, **kwargs)
+        else:
+            args, kwargs = precision.convert_input((args, kwargs))
+            with precision.forward_context():
+                output = self._forward_module(*args, **kwargs)
+            output = precision.convert_output(output)
+        if self._backward_state is not None:
+            _hook_outputs(output, self._backward_state)
+        return output
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        """The user's module's state dict, without wrapper prefixes."""
+        return self._original_module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load into the user's module."""
+        return self._original_module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getattr__(self, name: str) -> Any:
+        # Module.__getattr__ only finds parameters, buffers and submodules; everything else is the user's.
+        if name in ("_forward_module", "_original_module") or "_fabric_module_initialized" not in self.__dict__:
+            return super().__getattr__(name)
+        original = super().__getattr__("_original_module")
+        return getattr(original, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_fabric_module_initialized" not in self.__dict__ or name in self.__dict__:
+            super().__setattr__(name, value)
+            return
+        setattr(self._original_module, name, value)
+
+
+def _hook_outputs(output: Any, state: _BackwardState) -> None:
+    from fabric.utilities.apply_func import apply_to_collection
+
+    def hook(tensor: Tensor) -> Tensor:
+        if tensor.requires_grad:
+            tensor.register_hook(lambda grad: _check_in_fabric_backward(grad, state))
+        return tensor
+
+    apply_to_collection(output, Tensor, hook)
+
+
+def _check_in_fabric_backward(grad: Tensor, state: _BackwardState) -> Tensor:
+    if not state.active:
+        raise RuntimeError(
+            "loss.backward(): this precision/strategy must see the backward pass (for example to scale a float16 "
+            "loss), so a plain loss.backward() would give wrong gradients. Call fabric.backward(loss) instead."
+        )
+    return grad
+
+
+class _FabricOptimizer:
+    """Shares the user's optimizer's state; `step` goes through the strategy and precision."""
+
+    def __init__(self, optimizer: Optimizer, strategy: Strategy) -> None:
+        # A dynamic subclass of the user's optimizer class over a shallow copy of its __dict__: isinstance
+        # checks, LR schedulers and attribute access (the same param_groups and state objects) behave as on
+        # the original, at no cost. A copy, not the same dict: an LR scheduler patches `step` on the instance,
+        # and sharing that patch with the original would make our step call itself.
+        self.__dict__ = {k: v for k, v in optimizer.__dict__.items() if k not in ("step", "zero_grad", "state_dict")}
+        self.__class__ = type("Fabric" + type(optimizer).__name__, (self.__class__, type(optimizer)), {})
+        self._fabric_optimizer = optimizer
+        self._fabric_strategy = strategy
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The user's optimizer."""
+        return self._fabric_optimizer
+
+    def step(self, closure: Any = None) -> Any:
+        """Step through the strategy (and so the precision plugin's scaler, if any)."""
+        kwargs = {} if closure is None else {"closure": closure}
+        return self._fabric_strategy.optimizer_step(self._fabric_optimizer, **kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer state as the strategy assembles it."""
+        return self._fabric_strategy.get_optimizer_state(self._fabric_optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load into the user's optimizer."""
+        self._fabric_optimizer.load_state_dict(state_dict)
+
+
+def is_wrapped(obj: object) -> bool:
+    """Whether `obj` was returned by `fabric.setup*`."""
+    return isinstance(obj, (_FabricModule, _FabricOptimizer))
+
+
+def unwrap_objects(obj: Any) -> Any:
+    """The user's own module or optimizer behind a fabric wrapper (and behind torch.compile)."""
+    if isinstance(obj, _FabricModule):
+        obj = obj._original_module
+    elif isinstance(obj, _FabricOptimizer):
+        obj = obj._fabric_optimizer
+    compiled = getattr(obj, "_orig_mod", None)
+    return compiled if isinstance(compiled, Module) else obj
