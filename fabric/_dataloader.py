@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 
 def _find_set_epoch(dataloader: DataLoader) -> Callable[[int], None] | None:

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn import Module
-from torch.nn.parallel import DistributedDataParallel
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+
+if TYPE_CHECKING:
+    # Imported lazily at run time: it pulls in torch.distributed.rpc, which costs tens of ms.
+    from torch.nn.parallel import DistributedDataParallel
 
 
 class DDPStrategy(ParallelStrategy):
@@ -48,6 +51,8 @@ class DDPStrategy(ParallelStrategy):
 
     def setup_module(self, module: Module) -> DistributedDataParallel:
         """Wrap in DDP; parameters are broadcast from rank 0 so every replica starts equal."""
+        from torch.nn.parallel import DistributedDataParallel
+
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
 
@@ -55,6 +60,8 @@ class DDPStrategy(ParallelStrategy):
         """DDP's own no_sync: gradients accumulate locally until the next synced backward."""
         if not enabled:
             return nullcontext()
+        from torch.nn.parallel import DistributedDataParallel
+
         if not isinstance(module, DistributedDataParallel):
             raise TypeError(
                 f"no_backward_sync({type(module).__name__}): gradient sync can only be skipped for a model "

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import os
 import weakref
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.environments.cluster_environment import ClusterEnvironment
@@ -18,6 +18,9 @@ from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
 from fabric.utilities import distributed as _dist
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 # torch's own default for collectives; long enough for slow first steps, finite so nothing hangs forever.
 DEFAULT_TIMEOUT = timedelta(minutes=30)
@@ -145,6 +148,8 @@ class ParallelStrategy(Strategy):
         """Select the device and join (or reuse) the default process group."""
         if self.accelerator is not None:
             self.accelerator.setup_device(self.root_device)
+        if self.root_device.type == "cpu":
+            _share_cpu_threads(self.num_processes)
         if dist.is_initialized():
             self._check_existing_group()
             return
@@ -220,6 +225,13 @@ class ParallelStrategy(Strategy):
             _dist.check_reduce_op(reduce_op)
             return tensor
         return _dist.all_reduce(tensor, reduce_op, self.world_size, group=group)
+
+
+def _share_cpu_threads(num_processes: int) -> None:
+    """Give each CPU rank its share of the cores; N ranks with all cores each thrash (torchrun does the same)."""
+    if "OMP_NUM_THREADS" in os.environ or num_processes <= 1:
+        return
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_processes))
 
 
 def _teardown_if_alive(ref: weakref.ref) -> None:

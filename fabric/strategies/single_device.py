@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 from torch.nn import Module
-from torch.utils.data import DataLoader
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 
 class SingleDeviceStrategy(Strategy):

@@ -5,15 +5,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader
 
 from fabric.strategies._base import _StrategyComponents
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 
 class Strategy(_StrategyComponents, ABC):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import pickle
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +53,8 @@ class MultiProcessingLauncher(Launcher):
         if self.start_method == "fork":
             _check_no_cuda_before_fork()
         queue = mp.get_context(self.start_method).SimpleQueue()
+        # A spawned process starts from scratch; give it the caller's RNG and determinism settings, as fork does.
+        state = _GlobalState.capture() if self.start_method != "fork" else None
         env = {
             "MASTER_ADDR": self.main_address,
             "MASTER_PORT": str(self.main_port),
@@ -59,7 +63,7 @@ class MultiProcessingLauncher(Launcher):
         }
         context = mp.start_processes(
             _worker,
-            args=(env, function, args, queue),
+            args=(env, state, function, args, queue),
             nprocs=self.num_processes,
             start_method=self.start_method,
             join=False,
@@ -72,7 +76,7 @@ class MultiProcessingLauncher(Launcher):
         except mp.ProcessExitedException as err:
             how = f"was killed by {err.signal_name}" if err.signal_name else f"exited with code {err.exit_code}"
             raise RuntimeError(self._describe(err.error_index, how, "")) from None
-        return queue.get() if not queue.empty() else None
+        return pickle.loads(queue.get()) if not queue.empty() else None
 
     def _describe(self, local_rank: int, how: str, details: str) -> str:
         rank = self.node_rank * self.num_processes + local_rank
@@ -80,13 +84,42 @@ class MultiProcessingLauncher(Launcher):
         return f"{text}\n{details.strip()}" if details else text
 
 
-def _worker(local_rank: int, env: dict[str, str], function: Callable, args: tuple, queue: Any) -> None:
+def _worker(
+    local_rank: int, env: dict[str, str], state: _GlobalState | None, function: Callable, args: tuple, queue: Any
+) -> None:
     """Entry point of each worker: say who it is (like torchrun does), run, hand back rank 0's result."""
+    if state is not None:
+        state.restore()
     os.environ.update(env)
     os.environ["LOCAL_RANK"] = str(local_rank)
     result = function(*args)
     if local_rank == 0 and env["NODE_RANK"] == "0":
-        queue.put(_to_cpu(result))
+        # Plain pickle bytes: torch's queue would pass tensors as shared-memory handles that die with this process.
+        queue.put(pickle.dumps(_to_cpu(result)))
+
+
+class _GlobalState:
+    """The process-wide torch and python settings a spawned worker would otherwise lose."""
+
+    def __init__(self, torch_rng: torch.Tensor, python_rng: Any, deterministic: bool, warn_only: bool) -> None:
+        self.torch_rng = torch_rng
+        self.python_rng = python_rng
+        self.deterministic = deterministic
+        self.warn_only = warn_only
+
+    @classmethod
+    def capture(cls) -> _GlobalState:
+        return cls(
+            torch.get_rng_state(),
+            random.getstate(),
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.torch_rng)
+        random.setstate(self.python_rng)
+        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
 
 
 def _to_cpu(result: Any) -> Any:

@@ -1,0 +1,33 @@
+"""Shared fixtures: every test leaves no process group and the environment variables it found."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+
+@pytest.fixture(autouse=True)
+def _clean_process_state() -> Iterator[None]:
+    env = dict(os.environ)
+    default_dtype = torch.get_default_dtype()
+    yield
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    torch.set_default_dtype(default_dtype)
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip hardware-specific tests, with the reason, where the hardware is missing."""
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU; none is visible")
+    skip_mps = pytest.mark.skip(reason="needs an Apple MPS device; none is available")
+    for item in items:
+        if "cuda" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_cuda)
+        if "mps" in item.keywords and not torch.backends.mps.is_available():
+            item.add_marker(skip_mps)
