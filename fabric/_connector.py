@@ -20,6 +20,10 @@ _LEGACY_PRECISION = {32: "32-true", "32": "32-true", 64: "64-true", "64": "64-tr
                      "16": "16-mixed", "bf16": "bf16-mixed"}  # fmt: skip
 
 
+def _describe(strategy: Any) -> str:
+    return f"{type(strategy).__name__}()" if isinstance(strategy, Strategy) else repr(strategy)
+
+
 def _names(names: Iterable[str]) -> str:
     return ", ".join(names)
 
@@ -49,8 +53,8 @@ def connect(
     precision_plugin = _resolve_precision(precision, precision_plugin, user_strategy, accel)
     if isinstance(user_strategy, SingleDeviceStrategy) and len(indices) * num_nodes > 1:
         raise ValueError(
-            f"Fabric(strategy={strategy!r}, devices={devices!r}, num_nodes={num_nodes}): a single-device strategy "
-            f"cannot run on {len(indices) * num_nodes} devices. Use strategy='ddp' (or 'auto'), or devices=1."
+            f"Fabric(strategy={_describe(strategy)}, devices={devices!r}, num_nodes={num_nodes}): a single-device "
+            f"strategy cannot run on {len(indices) * num_nodes} devices. Use strategy='ddp' (or 'auto'), or devices=1."
         )
     user_strategy._connect(
         accelerator=accel,
@@ -156,7 +160,7 @@ def _resolve_devices(accel: Accelerator, devices: Any, num_nodes: int, env: Clus
     """Device indices for this machine; under an external launcher they must match what it started."""
     per_node = env.processes_per_node() if env.creates_processes_externally else None
     if per_node is not None and devices == "auto":
-        devices = per_node if type(accel).__name__ == "CPUAccelerator" else list(range(per_node))
+        devices = per_node  # a count: N processes on the CPU, the first N devices elsewhere
     indices = accel.parse_devices(devices)
     if per_node is not None and len(indices) != per_node:
         raise ValueError(
@@ -198,7 +202,9 @@ def _resolve_precision(flag: Any, plugin: Precision | None, strategy: Strategy, 
         )
     if own is not None or plugin is not None:
         return own or plugin  # type: ignore[return-value]
-    name = _LEGACY_PRECISION.get(flag, flag) if flag is not None else "32-true"
+    name = flag if flag is not None else "32-true"
+    if isinstance(flag, (int, str)):
+        name = _LEGACY_PRECISION.get(flag, flag)
     if name not in PRECISIONS:
         raise ValueError(
             f"Fabric(precision={flag!r}): unknown precision {flag!r}. Choose one of: {_names(PRECISIONS)} "

@@ -47,7 +47,9 @@ class Fabric:
         self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
         self._callbacks = _as_list(callbacks)
         self._loggers = _as_list(loggers)
+        # _launched: this process's environment is set up. _launch_called: the user called launch().
         self._launched = False
+        self._launch_called = False
         self._backward_state = _BackwardState()
 
     # -- properties -----------------------------------------------------------------------------
@@ -110,12 +112,13 @@ class Fabric:
     # -- launching ------------------------------------------------------------------------------
     def launch(self, function: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """Start the processes (if fabric starts them) and join the process group; run `function(fabric, *args)`."""
-        if self._launched:
+        if self._launch_called:
             raise RuntimeError(
                 "fabric.launch(): launch was already called for this Fabric object, and the processes exist. "
                 "Call it once, at the start of your script."
             )
         launcher = self._strategy.launcher
+        self._launch_called = True
         if function is not None:
             _check_launch_function(function, args, kwargs)
         elif launcher is not None and not launcher.continues_script:

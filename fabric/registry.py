@@ -26,7 +26,7 @@ class Registry(Generic[T]):
         """Register `factory(**init_kwargs, **components)` under `name`."""
         if name in self._entries and not override:
             raise ValueError(
-                f"register({name!r}): a {self._kind} with this name is already registered. "
+                f"register({name!r}): this {self._kind} name is already registered. "
                 "Pick another name or pass override=True to replace it."
             )
         self._entries[name] = (factory, init_kwargs, description)

@@ -100,6 +100,9 @@ def _check_in_fabric_backward(grad: Tensor, state: _BackwardState) -> Tensor:
     return grad
 
 
+_NOT_COPIED = frozenset({"step", "zero_grad", "state_dict", "param_groups", "state", "defaults"})
+
+
 class _FabricOptimizer:
     """Shares the user's optimizer's state; `step` goes through the strategy and precision."""
 
@@ -108,7 +111,9 @@ class _FabricOptimizer:
         # checks, LR schedulers and attribute access (the same param_groups and state objects) behave as on
         # the original, at no cost. A copy, not the same dict: an LR scheduler patches `step` on the instance,
         # and sharing that patch with the original would make our step call itself.
-        self.__dict__ = {k: v for k, v in optimizer.__dict__.items() if k not in ("step", "zero_grad", "state_dict")}
+        # param_groups, state and defaults are forwarding properties instead, because the original's
+        # load_state_dict rebinds them and a copy would go stale.
+        self.__dict__ = {k: v for k, v in optimizer.__dict__.items() if k not in _NOT_COPIED}
         self.__class__ = type("Fabric" + type(optimizer).__name__, (self.__class__, type(optimizer)), {})
         self._fabric_optimizer = optimizer
         self._fabric_strategy = strategy
@@ -117,6 +122,33 @@ class _FabricOptimizer:
     def optimizer(self) -> Optimizer:
         """The user's optimizer."""
         return self._fabric_optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The user's optimizer's parameter groups (the same list)."""
+        return self._fabric_optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self._fabric_optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        """The user's optimizer's per-parameter state (the same dict)."""
+        return self._fabric_optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._fabric_optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The user's optimizer's defaults."""
+        return self._fabric_optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self._fabric_optimizer.defaults = value
 
     def step(self, closure: Any = None) -> Any:
         """Step through the strategy (and so the precision plugin's scaler, if any)."""

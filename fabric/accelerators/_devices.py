@@ -17,14 +17,27 @@ def parse_device_indices(devices: Any, available: int, kind: str) -> list[int]:
         return list(range(available))
     if isinstance(devices, bool):
         raise _bad(devices, "a bool is not a device count", "Pass an int such as 2, a list such as [0, 1] or 'auto'.")
+    passed = devices
     if isinstance(devices, str):
         devices = _parse_str(devices)
+    indices = _to_indices(devices, passed)
+    if max(indices) >= available:
+        raise _bad(
+            passed,
+            f"asks for {kind} device(s) {indices} but only {available} {kind} device(s) exist here",
+            f"Ask for at most {available}, or use devices='auto'.",
+        )
+    return indices
+
+
+def _to_indices(devices: Any, passed: Any) -> list[int]:
+    """An int count or an explicit list, validated; errors quote what the user passed."""
     if isinstance(devices, int):
         if devices == 0:
-            raise _bad(devices, "zero devices cannot run anything", "Pass 1 or more, or 'auto'.")
+            raise _bad(passed, "zero devices cannot run anything", "Pass 1 or more, or 'auto'.")
         if devices < 0:
             raise _bad(
-                devices,
+                passed,
                 "a negative count other than -1 has no meaning",
                 "Pass -1 for all devices or a positive count.",
             )
@@ -32,19 +45,13 @@ def parse_device_indices(devices: Any, available: int, kind: str) -> list[int]:
     elif isinstance(devices, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in devices):
         indices = list(devices)
         if not indices:
-            raise _bad(devices, "an empty list selects no device", "List at least one device index.")
+            raise _bad(passed, "an empty list selects no device", "List at least one device index.")
         if len(set(indices)) != len(indices):
-            raise _bad(devices, "a device index is listed twice", "List each device once.")
+            raise _bad(passed, "a device index is listed twice", "List each device once.")
         if min(indices) < 0:
-            raise _bad(devices, "device indices cannot be negative", "Use indices from 0 up.")
+            raise _bad(passed, "device indices cannot be negative", "Use indices from 0 up.")
     else:
-        raise _bad(devices, "expected an int, a list of ints, a string like '0,1', or 'auto'", "Fix the type.")
-    if max(indices) >= available:
-        raise _bad(
-            devices,
-            f"asks for {kind} device(s) {indices} but only {available} {kind} device(s) exist here",
-            f"Ask for at most {available}, or use devices='auto'.",
-        )
+        raise _bad(passed, "expected an int, a list of ints, a string like '0,1', or 'auto'", "Fix the type.")
     return indices
 
 

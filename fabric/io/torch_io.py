@@ -13,6 +13,12 @@ import torch
 from fabric.io.checkpoint_io import CheckpointIO
 
 
+def _default_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 class TorchCheckpointIO(CheckpointIO):
     """Saves with torch.save into a temporary file, then renames it over the target."""
 
@@ -37,6 +43,8 @@ class TorchCheckpointIO(CheckpointIO):
                 torch.save(checkpoint, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
+            # mkstemp creates the file private (0o600); give it the mode a plain torch.save would have.
+            Path(tmp_name).chmod(_default_file_mode())
             Path(tmp_name).replace(path)
         except BaseException:
             Path(tmp_name).unlink(missing_ok=True)

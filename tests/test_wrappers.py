@@ -1,0 +1,297 @@
+"""Tests for what fabric.setup returns: the module and optimizer wrappers and the loss.backward() guard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from fabric import MixedPrecision, Precision, SingleDeviceStrategy
+from fabric.wrappers import _BackwardState, _FabricModule, _FabricOptimizer, is_wrapped, unwrap_objects
+
+
+class _UserModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.register_buffer("running", torch.zeros(2))
+        self.custom_flag = "mine"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def double_it(self, value: int) -> int:
+        return 2 * value
+
+
+class _SpyStrategy(SingleDeviceStrategy):
+    """Records what the optimizer wrapper asks of the strategy."""
+
+    def __init__(self) -> None:
+        super().__init__(device="cpu")
+        self.steps: list[tuple[torch.optim.Optimizer, dict[str, Any]]] = []
+        self.state_requests = 0
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> Any:
+        self.steps.append((optimizer, kwargs))
+        return super().optimizer_step(optimizer, **kwargs)
+
+    def get_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        self.state_requests += 1
+        return super().get_optimizer_state(optimizer)
+
+
+class _MustUseFabricBackward(Precision):
+    """A precision for which a plain loss.backward() would be wrong, like float16 with a loss scaler."""
+
+    @property
+    def requires_fabric_backward(self) -> bool:
+        return True
+
+
+def _wrap(model: nn.Module, precision: Precision | None = None) -> _FabricModule:
+    return _FabricModule(model, model, precision or Precision())
+
+
+# -- module --------------------------------------------------------------------------------------------
+def test_forward_under_bf16_mixed_returns_float32() -> None:
+    model = _UserModel()
+    seen: list[torch.dtype] = []
+    model.layer.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    wrapped = _wrap(model, MixedPrecision("bf16-mixed", device="cpu"))
+    out = wrapped(torch.randn(3, 4))
+    assert seen == [torch.bfloat16]  # the linear layer ran under autocast
+    assert out.dtype == torch.float32  # and the user gets the default dtype back
+    assert out.shape == (3, 2)
+
+
+def test_forward_in_full_precision_equals_the_module() -> None:
+    model = _UserModel()
+    x = torch.randn(3, 4)
+    assert torch.equal(_wrap(model)(x), model(x))
+
+
+def test_attributes_and_methods_of_the_user_module_pass_through() -> None:
+    model = _UserModel()
+    wrapped = _wrap(model)
+    assert wrapped.custom_flag == "mine"
+    assert wrapped.double_it(21) == 42
+    assert wrapped.layer is model.layer
+    assert wrapped.running is model.running
+    assert wrapped.module is model
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        _ = wrapped.no_such_thing
+
+
+def test_setattr_reaches_the_user_module() -> None:
+    model = _UserModel()
+    wrapped = _wrap(model)
+    wrapped.custom_flag = "changed"
+    wrapped.new_attribute = 3
+    assert model.custom_flag == "changed"
+    assert model.new_attribute == 3
+    head = nn.Linear(2, 1)
+    wrapped.head = head
+    assert model.head is head
+    assert "head.weight" in model.state_dict()
+
+
+def test_state_dict_has_the_user_module_keys() -> None:
+    model = _UserModel()
+    wrapped = _wrap(model)
+    assert list(wrapped.state_dict()) == list(model.state_dict())
+    assert sorted(wrapped.state_dict()) == ["layer.bias", "layer.weight", "running"]
+
+
+def test_load_state_dict_loads_into_the_user_module() -> None:
+    model = _UserModel()
+    source = _UserModel()
+    source.running.fill_(3.0)
+    wrapped = _wrap(model)
+    result = wrapped.load_state_dict(source.state_dict())
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    assert torch.equal(model.layer.weight, source.layer.weight)
+    assert torch.equal(model.running, torch.full((2,), 3.0))
+
+
+def test_parameters_are_listed_once() -> None:
+    model = _UserModel()
+    assert len(list(_wrap(model).parameters())) == len(list(model.parameters())) == 2
+
+
+# -- optimizer -------------------------------------------------------------------------------------------
+def _optimizer(lr: float = 1.0) -> tuple[_UserModel, torch.optim.SGD]:
+    model = _UserModel()
+    return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
+def test_optimizer_wrapper_is_an_instance_of_the_original_class() -> None:
+    _, optimizer = _optimizer()
+    wrapped = _FabricOptimizer(optimizer, _SpyStrategy())
+    assert isinstance(wrapped, torch.optim.SGD)
+    assert isinstance(wrapped, torch.optim.Optimizer)
+    assert wrapped.optimizer is optimizer
+    assert wrapped.defaults == optimizer.defaults
+
+
+def test_optimizer_wrapper_shares_param_groups() -> None:
+    _, optimizer = _optimizer()
+    wrapped = _FabricOptimizer(optimizer, _SpyStrategy())
+    wrapped.param_groups[0]["lr"] = 0.25
+    assert optimizer.param_groups[0]["lr"] == 0.25
+    optimizer.param_groups[0]["lr"] = 0.5
+    assert wrapped.param_groups[0]["lr"] == 0.5
+    assert wrapped.state is optimizer.state
+
+
+def test_step_goes_through_the_strategy() -> None:
+    model, optimizer = _optimizer()
+    strategy = _SpyStrategy()
+    wrapped = _FabricOptimizer(optimizer, strategy)
+    model(torch.ones(1, 4)).sum().backward()
+    before = model.layer.bias.detach().clone()
+    wrapped.step()
+    assert strategy.steps == [(optimizer, {})]
+    assert torch.equal(model.layer.bias, before - 1.0)  # d(sum)/d(bias) = 1, lr = 1
+    wrapped.zero_grad()
+    assert model.layer.bias.grad is None
+
+
+def test_step_passes_the_closure_to_the_strategy() -> None:
+    model, optimizer = _optimizer()
+    strategy = _SpyStrategy()
+    calls: list[int] = []
+
+    def closure() -> torch.Tensor:
+        calls.append(1)
+        optimizer.zero_grad()
+        loss = model(torch.ones(1, 4)).sum()
+        loss.backward()
+        return loss
+
+    loss = _FabricOptimizer(optimizer, strategy).step(closure)
+    assert calls == [1]
+    assert strategy.steps[0][1]["closure"] is closure
+    assert isinstance(loss, torch.Tensor)
+
+
+def test_lr_scheduler_on_the_wrapper_changes_the_real_lr() -> None:
+    model, optimizer = _optimizer(lr=1.0)
+    strategy = _SpyStrategy()
+    wrapped = _FabricOptimizer(optimizer, strategy)
+    scheduler = torch.optim.lr_scheduler.StepLR(wrapped, step_size=1, gamma=0.5)
+    for _ in range(3):
+        model(torch.ones(1, 4)).sum().backward()
+        wrapped.step()  # no recursion through the scheduler's patched step
+        scheduler.step()
+    assert len(strategy.steps) == 3
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.125)
+    assert scheduler.get_last_lr() == [pytest.approx(0.125)]
+
+
+def test_optimizer_state_dict_comes_from_the_strategy_and_equals_the_original() -> None:
+    model, optimizer = _optimizer()
+    strategy = _SpyStrategy()
+    wrapped = _FabricOptimizer(optimizer, strategy)
+    model(torch.ones(1, 4)).sum().backward()
+    wrapped.step()
+    state = wrapped.state_dict()
+    assert strategy.state_requests == 1
+    expected = optimizer.state_dict()
+    assert state["param_groups"] == expected["param_groups"]
+    assert state["state"].keys() == expected["state"].keys()
+    for key in expected["state"]:
+        assert torch.equal(state["state"][key]["momentum_buffer"], expected["state"][key]["momentum_buffer"])
+
+
+def test_optimizer_load_state_dict_reaches_the_original() -> None:
+    _, optimizer = _optimizer()
+    wrapped = _FabricOptimizer(optimizer, _SpyStrategy())
+    state = optimizer.state_dict()
+    state["param_groups"][0]["lr"] = 0.01
+    wrapped.load_state_dict(state)
+    assert optimizer.param_groups[0]["lr"] == 0.01
+
+
+def test_wrapper_sees_param_groups_after_load_state_dict() -> None:
+    _, optimizer = _optimizer()
+    wrapped = _FabricOptimizer(optimizer, _SpyStrategy())
+    state = optimizer.state_dict()
+    state["param_groups"][0]["lr"] = 0.01
+    wrapped.load_state_dict(state)
+    assert wrapped.param_groups[0]["lr"] == 0.01
+
+
+# -- unwrapping --------------------------------------------------------------------------------------------
+def test_unwrap_objects() -> None:
+    model, optimizer = _optimizer()
+    wrapped_model = _wrap(model)
+    wrapped_optimizer = _FabricOptimizer(optimizer, _SpyStrategy())
+    assert unwrap_objects(wrapped_model) is model
+    assert unwrap_objects(wrapped_optimizer) is optimizer
+    assert unwrap_objects(model) is model
+    assert unwrap_objects(42) == 42
+    assert is_wrapped(wrapped_model) and is_wrapped(wrapped_optimizer)
+    assert not is_wrapped(model) and not is_wrapped(optimizer)
+
+
+def test_unwrap_objects_sees_through_a_compiled_module() -> None:
+    model = _UserModel()
+
+    class _Compiled(nn.Module):  # what torch.compile returns keeps the module as _orig_mod
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self._orig_mod = inner
+
+    compiled = _Compiled(model)
+    assert unwrap_objects(compiled) is model
+    assert unwrap_objects(_FabricModule(compiled, compiled, Precision())) is model
+
+
+# -- loss.backward() guard ----------------------------------------------------------------------------------
+def test_plain_backward_is_refused_when_the_precision_needs_fabric_backward() -> None:
+    model = _UserModel()
+    state = _BackwardState()
+    wrapped = _FabricModule(model, model, _MustUseFabricBackward(), state)
+    output = wrapped(torch.randn(2, 4))
+    with pytest.raises(RuntimeError, match=r"loss.backward\(\):.*Call fabric.backward\(loss\) instead"):
+        output.sum().backward()
+    assert model.layer.weight.grad is None
+
+
+def test_backward_inside_fabric_backward_is_allowed() -> None:
+    model = _UserModel()
+    state = _BackwardState()
+    wrapped = _FabricModule(model, model, _MustUseFabricBackward(), state)
+    output = wrapped(torch.randn(2, 4))
+    state.active = True
+    output.sum().backward()
+    assert model.layer.weight.grad is not None
+    assert torch.equal(model.layer.bias.grad, torch.full((2,), 2.0))
+
+
+def test_outputs_in_collections_are_guarded_too() -> None:
+    class _TwoOutputs(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> dict[str, Any]:
+            y = self.layer(x)
+            return {"a": y, "b": [y * 2], "n": 3}
+
+    model = _TwoOutputs()
+    wrapped = _FabricModule(model, model, _MustUseFabricBackward(), _BackwardState())
+    out = wrapped(torch.ones(1, 2))
+    assert out["n"] == 3
+    with pytest.raises(RuntimeError, match=r"fabric.backward"):
+        out["b"][0].sum().backward()
+
+
+def test_without_backward_state_plain_backward_works() -> None:
+    model = _UserModel()
+    wrapped = _FabricModule(model, model, _MustUseFabricBackward(), None)
+    wrapped(torch.randn(2, 4)).sum().backward()
+    assert model.layer.weight.grad is not None
