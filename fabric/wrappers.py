@@ -33,6 +33,8 @@ class _FabricModule(Module):
     ) -> None:
         super().__init__()
         self._forward_module = forward_module
+        # Registered above as a submodule; also kept in __dict__ so the hot path skips Module.__getattr__.
+        object.__setattr__(self, "_forward_call", forward_module)
         self._original_module = original_module
         self._precision = precision
         # Only hooked when a plain loss.backward() would silently be wrong; otherwise zero cost.
@@ -48,11 +50,11 @@ class _FabricModule(Module):
         """Convert inputs, run forward under autocast/dtype policy, convert outputs."""
         precision = self._precision
         if not precision.changes_forward:
-            output = self._forward_module(*args, **kwargs)
+            output = self._forward_call(*args, **kwargs)
         else:
             args, kwargs = precision.convert_input((args, kwargs))
             with precision.forward_context():
-                output = self._forward_module(*args, **kwargs)
+                output = self._forward_call(*args, **kwargs)
             output = precision.convert_output(output)
         if self._backward_state is not None:
             _hook_outputs(output, self._backward_state)
