@@ -136,13 +136,12 @@ class Fabric:
         if function is None:
             return None
         launcher = self._strategy.launcher
+        result = function(self, *args, **kwargs)
         if launcher is not None and not launcher.continues_script:
-            # A worker that only runs `function`: leave the process group cleanly when it returns.
-            try:
-                return function(self, *args, **kwargs)
-            finally:
-                self._strategy.teardown()
-        return function(self, *args, **kwargs)
+            # A worker that only runs `function` leaves the process group cleanly when it returns. On an
+            # exception it does not: the launcher first records which rank failed, and exiting tears down.
+            self._strategy.teardown()
+        return result
 
     def _validate_launched(self, method: str) -> None:
         if self._launched:

@@ -150,6 +150,9 @@ class ParallelStrategy(Strategy):
             self.accelerator.setup_device(self.root_device)
         if self.root_device.type == "cpu":
             _share_cpu_threads(self.num_processes)
+        from fabric.strategies.launchers.subprocess_script import report_failures_to_parent
+
+        report_failures_to_parent(self.local_rank, self.global_rank)
         if dist.is_initialized():
             self._check_existing_group()
             return

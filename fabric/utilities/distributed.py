@@ -52,15 +52,33 @@ def all_gather(tensor: Tensor, group: Any | None = None, sync_grads: bool = Fals
         squeeze = False
     tensor = tensor.contiguous()
     if sync_grads:
-        from torch.distributed.nn.functional import all_gather as differentiable_all_gather
-
-        parts = list(differentiable_all_gather(tensor, group=group or dist.group.WORLD))
+        gathered = _DifferentiableAllGather.apply(tensor, group)
     else:
-        size = dist.get_world_size(group)
-        parts = [torch.empty_like(tensor) for _ in range(size)]
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, tensor, group=group)
-    gathered = torch.stack(parts)
+        gathered = torch.stack(parts)
     return gathered.squeeze(1) if squeeze else gathered
+
+
+class _DifferentiableAllGather(torch.autograd.Function):
+    """all_gather whose backward sends each rank the summed gradient of its own slice.
+
+    Written on the public collectives: torch's autograd-aware variants are private or deprecated.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, tensor: Tensor, group: Any | None) -> Tensor:
+        ctx.group = group
+        ctx.rank = dist.get_rank(group)
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, tensor, group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        grad = grad.contiguous()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return grad[ctx.rank], None
 
 
 def init_process_group(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +14,10 @@ import torch
 import torch.multiprocessing as mp
 
 from fabric.strategies.launchers.launcher import Launcher
+
+_POLL_SECONDS = 0.05
+# A worker's traceback travels through a pipe; keep it well under the pipe buffer so put() never blocks.
+_MAX_TRACEBACK_CHARS = 16_000
 
 
 class MultiProcessingLauncher(Launcher):
@@ -52,7 +58,8 @@ class MultiProcessingLauncher(Launcher):
         """Start the workers, wait for all, and return rank 0's result."""
         if self.start_method == "fork":
             _check_no_cuda_before_fork()
-        queue = mp.get_context(self.start_method).SimpleQueue()
+        ctx = mp.get_context(self.start_method)
+        results, failures = ctx.SimpleQueue(), ctx.SimpleQueue()
         # A spawned process starts from scratch; give it the caller's RNG and determinism settings, as fork does.
         state = _GlobalState.capture() if self.start_method != "fork" else None
         env = {
@@ -63,39 +70,68 @@ class MultiProcessingLauncher(Launcher):
         }
         context = mp.start_processes(
             _worker,
-            args=(env, state, function, args, queue),
+            args=(env, state, function, args, results, failures),
             nprocs=self.num_processes,
             start_method=self.start_method,
             join=False,
         )
+        payload = None
         try:
-            while not context.join():
-                pass
-        except mp.ProcessRaisedException as err:
-            raise RuntimeError(self._describe(err.error_index, "raised an exception", err.msg)) from None
-        except mp.ProcessExitedException as err:
-            how = f"was killed by {err.signal_name}" if err.signal_name else f"exited with code {err.exit_code}"
-            raise RuntimeError(self._describe(err.error_index, how, "")) from None
-        return pickle.loads(queue.get()) if not queue.empty() else None
+            while not context.join(timeout=_POLL_SECONDS):
+                # Drain the result while rank 0 still runs: a result larger than the pipe buffer would
+                # otherwise block rank 0 in put() while we wait for it to exit.
+                if payload is None and not results.empty():
+                    payload = results.get()
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
+            raise RuntimeError(self._describe_failure(err, failures)) from None
+        if payload is None and not results.empty():
+            payload = results.get()
+        return pickle.loads(payload) if payload is not None else None
 
-    def _describe(self, local_rank: int, how: str, details: str) -> str:
+    def _describe_failure(self, err: Exception, failures: Any) -> str:
+        """Name the rank that failed first: the others often fail only because it left the process group."""
+        records = []
+        while not failures.empty():
+            records.append(pickle.loads(failures.get()))
+        recorded_ranks = {local_rank for _, local_rank, _ in records}
+        if isinstance(err, mp.ProcessExitedException) and err.error_index not in recorded_ranks:
+            # Killed or exited without raising: it could not record anything, and its peers broke after it.
+            how = f"was killed by {err.signal_name}" if err.signal_name else f"exited with code {err.exit_code}"
+            local_rank, details = err.error_index, ""
+        elif records:
+            _, local_rank, details = min(records)
+            how = "raised an exception"
+        else:
+            local_rank, how, details = getattr(err, "error_index", 0), "raised an exception", getattr(err, "msg", "")
         rank = self.node_rank * self.num_processes + local_rank
         text = f"fabric.launch(): the process with global rank {rank} {how}; the other processes were ended."
         return f"{text}\n{details.strip()}" if details else text
 
 
 def _worker(
-    local_rank: int, env: dict[str, str], state: _GlobalState | None, function: Callable, args: tuple, queue: Any
+    local_rank: int,
+    env: dict[str, str],
+    state: _GlobalState | None,
+    function: Callable,
+    args: tuple,
+    results: Any,
+    failures: Any,
 ) -> None:
     """Entry point of each worker: say who it is (like torchrun does), run, hand back rank 0's result."""
     if state is not None:
         state.restore()
     os.environ.update(env)
     os.environ["LOCAL_RANK"] = str(local_rank)
-    result = function(*args)
+    try:
+        result = function(*args)
+    except BaseException:
+        # Recorded before this process leaves the process group, so it is earlier than any error it causes.
+        details = traceback.format_exc()[-_MAX_TRACEBACK_CHARS:]
+        failures.put(pickle.dumps((time.time(), local_rank, details)))
+        raise
     if local_rank == 0 and env["NODE_RANK"] == "0":
         # Plain pickle bytes: torch's queue would pass tensors as shared-memory handles that die with this process.
-        queue.put(pickle.dumps(_to_cpu(result)))
+        results.put(pickle.dumps(_to_cpu(result)))
 
 
 class _GlobalState:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +20,8 @@ from fabric.strategies.launchers.launcher import Launcher
 
 _POLL_SECONDS = 0.1
 _TERMINATE_GRACE_SECONDS = 5.0
+# Launcher-private channel, not a cluster variable: where a child records that it failed, and when.
+_FAILURE_DIR_ENV = "FABRIC_LAUNCHER_FAILURE_DIR"
 
 
 def _script_command() -> list[str]:
@@ -51,6 +55,7 @@ class SubprocessScriptLauncher(Launcher):
         self._lock = threading.Lock()
         self._ending = False
         self._main_failed = False
+        self._failure_dir: str | None = None
 
     @property
     def is_interactive_compatible(self) -> bool:
@@ -65,6 +70,8 @@ class SubprocessScriptLauncher(Launcher):
     def launch(self, function: Callable[..., Any], *args: Any) -> Any:
         """Start ranks 1..N-1, then run `function` here as local rank 0."""
         command = _script_command()
+        if self.num_processes > 1:
+            self._failure_dir = tempfile.mkdtemp(prefix="fabric-failures-")
         for local_rank in range(1, self.num_processes):
             self.procs.append(self._start(command, local_rank))
         if self.procs:
@@ -82,36 +89,42 @@ class SubprocessScriptLauncher(Launcher):
             LOCAL_RANK=str(local_rank),
             WORLD_SIZE=str(self.num_processes * self.num_nodes),
         )
+        if self._failure_dir is not None:
+            env[_FAILURE_DIR_ENV] = self._failure_dir
         return subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
 
     def _watch(self) -> None:
         """End the job when a child fails, instead of letting the others hang in a collective."""
         while not self._stop.is_set():
-            for local_rank, proc in enumerate(self.procs, start=1):
-                code = proc.poll()
-                if code:
-                    self._fail(local_rank, proc, code)
-                    return
+            failed = self._first_failed_child()
+            if failed is not None:
+                self._fail(*failed)
+                return
             if all(proc.poll() is not None for proc in self.procs):
                 return
             time.sleep(_POLL_SECONDS)
 
     def _fail(self, local_rank: int, proc: subprocess.Popen, code: int) -> None:
+        if self._report(local_rank, proc, code, "its traceback is above"):
+            self._terminate_children()
+            os._exit(1)
+
+    def _report(self, local_rank: int, proc: subprocess.Popen, code: int, where: str) -> bool:
+        """Print, once for the whole job, which rank failed; False if another thread already did."""
         with self._lock:
             if self._ending:
-                return
+                return False
             self._ending = True
         rank = self.node_rank * self.num_processes + local_rank
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         sys.stdout.flush()
         print(
-            f"[fabric] The process with global rank {rank} (pid {proc.pid}) {how}; its traceback is above. "
+            f"[fabric] The process with global rank {rank} (pid {proc.pid}) {how}; {where}. "
             "Ending the other processes.",
             file=sys.stderr,
             flush=True,
         )
-        self._terminate_children()
-        os._exit(1)
+        return True
 
     def _terminate_children(self) -> None:
         for proc in self.procs:
@@ -132,22 +145,54 @@ class SubprocessScriptLauncher(Launcher):
         def hook(*exc_info: Any) -> None:
             self._main_failed = True
             previous(*exc_info)
+            self._blame_child_that_failed_first()
 
         sys.excepthook = hook
 
+    def _blame_child_that_failed_first(self) -> None:
+        """Rank 0 often fails only because a child died and left the process group: name that child.
+
+        Children record their failure before they leave the group, so the record is there by now.
+        """
+        failed = self._first_failed_child(include_running=True)
+        if failed is not None:
+            local_rank, proc, _ = failed
+            code = proc.poll() or 1
+            self._report(local_rank, proc, code, "its traceback is above, and rank 0's error followed from it")
+
+    def _first_failed_child(self, include_running: bool = False) -> tuple[int, subprocess.Popen, int] | None:
+        """The child that failed first (by the records children write), once it has finished printing.
+
+        Without `include_running`, only act once some child has exited with an error.
+        """
+        recorded = _read_failures(self._failure_dir)
+        exited = [rank for rank, proc in enumerate(self.procs, start=1) if proc.poll()]
+        if not exited and not (include_running and recorded):
+            return None
+        local_rank = min(recorded, key=lambda rank: recorded[rank]) if recorded else exited[0]
+        proc = self.procs[local_rank - 1]
+        # Let it finish writing its traceback before anything is terminated.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_TERMINATE_GRACE_SECONDS)
+        return local_rank, proc, proc.poll() or 1
+
     def _at_exit(self) -> None:
         """Wait for children that finish normally; end them if this process failed."""
-        if self._main_failed:
-            with self._lock:
-                self._ending = True
+        try:
+            if self._main_failed:
+                with self._lock:
+                    self._ending = True
+                self._stop.set()
+                self._terminate_children()
+                return
+            for local_rank, proc in enumerate(self.procs, start=1):
+                code = proc.wait()
+                if code:
+                    self._fail(*(self._first_failed_child() or (local_rank, proc, code)))
             self._stop.set()
-            self._terminate_children()
-            return
-        for local_rank, proc in enumerate(self.procs, start=1):
-            code = proc.wait()
-            if code:
-                self._fail(local_rank, proc, code)
-        self._stop.set()
+        finally:
+            if self._failure_dir is not None:
+                shutil.rmtree(self._failure_dir, ignore_errors=True)
 
 
 def _die_with_parent() -> None:
@@ -159,3 +204,34 @@ def _die_with_parent() -> None:
     pr_set_pdeathsig = 1
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _read_failures(directory: str | None) -> dict[int, float]:
+    """Local rank -> time of failure, from the records children wrote."""
+    if directory is None:
+        return {}
+    records = {}
+    for path in Path(directory).glob("rank*.failed"):
+        with contextlib.suppress(OSError, ValueError):
+            records[int(path.stem[4:])] = float(path.read_text())
+    return records
+
+
+def report_failures_to_parent(local_rank: int, global_rank: int) -> None:
+    """In a child started by this launcher: label a crash with the rank and record it for the parent.
+
+    The record is written from the excepthook, before the process leaves the process group, so it
+    always precedes the errors the peers get from the group breaking up.
+    """
+    directory = os.environ.get(_FAILURE_DIR_ENV)
+    if directory is None or local_rank == 0:
+        return
+    previous = sys.excepthook
+
+    def hook(*exc_info: Any) -> None:
+        with contextlib.suppress(OSError):
+            (Path(directory) / f"rank{local_rank}.failed").write_text(repr(time.time()))
+        print(f"[fabric] Global rank {global_rank} failed:", file=sys.stderr, flush=True)
+        previous(*exc_info)
+
+    sys.excepthook = hook

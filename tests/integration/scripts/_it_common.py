@@ -1,0 +1,29 @@
+"""Helpers shared by the integration scripts (a sibling module they import; pytest never collects it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def outdir_from_argv() -> Path:
+    """The results folder: the first command-line argument."""
+    if len(sys.argv) < 2:
+        raise SystemExit(f"usage: {sys.argv[0]} OUTDIR [ARGS...]")
+    return Path(sys.argv[1])
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically, so the test never reads a half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def write_pid(outdir: Path, rank: int) -> None:
+    """Record this rank's pid, and when it wrote it, before it blocks or fails on purpose."""
+    write_json(outdir / f"rank{rank}.pid.json", {"pid": os.getpid(), "rank": rank, "time": time.time()})

@@ -1,0 +1,112 @@
+"""The launchers with 2 real CPU processes over gloo: `ddp` (script re-run), `ddp_spawn`, `ddp_fork`,
+`ddp_notebook`, and processes started by torchrun (no launcher)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+
+def _load_runner() -> ModuleType:
+    name = "_fabric_integration_runner"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "scripts" / "_it_runner.py")
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+runner = _load_runner()
+pytestmark = pytest.mark.multiprocess
+
+
+def _rank_reports(outdir: Path) -> list[dict]:
+    """The reports of every process that ran, ordered by global rank (files are named by pid)."""
+    reports = [json.loads(path.read_text()) for path in outdir.glob("rank*_pid*.json")]
+    return sorted(reports, key=lambda report: report["global_rank"])
+
+
+def _seed_123_draws() -> list[float]:
+    return torch.rand(4, generator=torch.Generator().manual_seed(123)).tolist()
+
+
+def test_ddp_reruns_the_script_for_rank_1(tmp_path: Path) -> None:
+    run = runner.run_script("launch_ddp_script.py", str(tmp_path), timeout=60)
+    assert run.returncode == 0, run.output
+    reports = _rank_reports(tmp_path)
+    assert [r["global_rank"] for r in reports] == [0, 1], "exactly one process per rank"
+    rank0, rank1 = reports
+    assert rank0["pid"] == run.pid, "the process we started is rank 0"
+    assert rank1["ppid"] == rank0["pid"], "rank 1 is the script re-run by rank 0"
+    for rank, report in enumerate(reports):
+        assert report["local_rank"] == rank
+        assert report["node_rank"] == 0
+        assert report["world_size"] == 2
+        assert report["device"] == "cpu"
+        assert report["is_global_zero"] is (rank == 0)
+        assert report["all_reduce_sum"] == [3.0, 30.0]
+        assert report["argv"] == [str(tmp_path)], "the re-run gets the same command-line arguments"
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork", "ddp_notebook"])
+def test_launch_function_returns_rank_zero_result(tmp_path: Path, strategy: str) -> None:
+    run = runner.run_script("launch_function.py", str(tmp_path), strategy, "basic", timeout=90)
+    assert run.returncode == 0, run.output
+    parent = json.loads((tmp_path / "parent.json").read_text())
+    assert parent["raised"] is None, parent
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert parent["result_type"] == "dict"
+    assert parent["sum_type"] == "Tensor", "tensors in the result come back as tensors"
+    assert parent["result"] == {"rank": 0, "token": "token-5d2", "sum": 3.0, "pid": ranks[0]["pid"]}
+    pids = {report["pid"] for report in ranks}
+    assert len(pids) == 2 and parent["parent_pid"] not in pids, "fn ran in 2 new processes"
+    for rank, report in enumerate(ranks):
+        assert report["ppid"] == parent["parent_pid"]
+        assert (report["global_rank"], report["local_rank"], report["node_rank"]) == (rank, rank, 0)
+        assert report["world_size"] == 2
+        assert report["device"] == "cpu"
+        assert report["is_global_zero"] is (rank == 0)
+        assert report["all_reduce_sum"] == 3.0
+        # seed_everything(123) ran in the caller before launch: the workers continue from that RNG state.
+        assert report["draws"] == _seed_123_draws()
+
+
+def test_launch_function_returns_large_result(tmp_path: Path) -> None:
+    run = runner.run_script("launch_function.py", str(tmp_path), "ddp_fork", "big", timeout=60)
+    parent = json.loads((tmp_path / "parent.json").read_text())
+    assert not parent["hung"], "fabric.launch did not return rank 0's 8 MB result within the watchdog's time"
+    assert run.returncode == 0, run.output
+    assert parent["raised"] is None, parent
+    assert parent["result_is_rank0s"]
+
+
+def test_torchrun_processes_are_used_as_they_are(tmp_path: Path) -> None:
+    from fabric.environments.default import find_free_port
+
+    command = [
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={find_free_port()}",
+        str(runner.SCRIPTS / "launch_torchrun.py"),
+        str(tmp_path),
+    ]
+    run = runner.run_python(command, timeout=90)
+    assert run.returncode == 0, run.output
+    reports = _rank_reports(tmp_path)
+    assert [r["global_rank"] for r in reports] == [0, 1], "exactly one process per rank: fabric started none"
+    assert len({r["pid"] for r in reports}) == 2
+    assert {r["ppid"] for r in reports} == {run.pid}, "both ranks are torchrun's own workers"
+    for rank, report in enumerate(reports):
+        assert report["launcher"] == "NoneType", "no launcher when the processes already exist"
+        assert report["local_rank"] == rank
+        assert report["world_size"] == 2, "devices='auto' resolves to LOCAL_WORLD_SIZE"
+        assert report["device"] == "cpu"
+        assert report["all_reduce_sum"] == 3.0

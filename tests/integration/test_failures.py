@@ -1,0 +1,121 @@
+"""A failing rank ends the whole 2-process job quickly, says which rank failed and why, and leaves no process behind.
+
+Every scenario runs in scripts/fail_*.py under a hard timeout; the ranks write their pids (and the failing rank
+the time it failed) so that the test can bound the time from the failure to the end of the job.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+
+def _load_runner() -> ModuleType:
+    name = "_fabric_integration_runner"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "scripts" / "_it_runner.py")
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+runner = _load_runner()
+pytestmark = pytest.mark.multiprocess
+
+SCRIPT_MESSAGE = "integration-test-failure-7f3a9c: rank {rank} gave up on purpose"  # fail_ddp_script.py
+FUNCTION_MESSAGE = "integration-test-failure-c41e: rank 1 raised on purpose"  # fail_launch_function.py
+JOB_TIMEOUT = 60  # hard limit for one scenario, imports included
+FAILURE_TO_EXIT = 30  # from the moment a rank fails until the whole job has ended
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _pids(outdir: Path) -> list[int]:
+    return [_read(outdir / f"rank{rank}.pid.json")["pid"] for rank in (0, 1)]
+
+
+def _seconds_since_failure(outdir: Path, ended_at: float) -> float:
+    return ended_at - _read(outdir / "failed_at.json")["time"]
+
+
+def _run_ddp_script(outdir: Path, scenario: str) -> Any:
+    run = runner.run_script("fail_ddp_script.py", str(outdir), scenario, timeout=JOB_TIMEOUT, kill_leftovers=False)
+    try:
+        assert run.returncode != 0, f"the job must fail\n{run.output}"
+        assert _seconds_since_failure(outdir, run.finished_at) < FAILURE_TO_EXIT, run.output
+        assert not (outdir / "rank0.unexpected.json").exists() and not (outdir / "rank1.unexpected.json").exists()
+        assert runner.wait_gone(_pids(outdir), 5.0) == [], f"a rank outlived the job\n{run.output}"
+    finally:
+        runner.end_group(run.pid)
+    return run
+
+
+def _run_launch_function(outdir: Path, strategy: str, scenario: str) -> dict[str, Any]:
+    run = runner.run_script("fail_launch_function.py", str(outdir), strategy, scenario, timeout=JOB_TIMEOUT)
+    assert run.returncode == 0, f"the script catches what fabric.launch raises\n{run.output}"
+    result = _read(outdir / "result.json")
+    assert result["raised"] == "RuntimeError", result
+    assert result["returned_at"] - _read(outdir / "failed_at.json")["time"] < FAILURE_TO_EXIT
+    assert runner.wait_gone(_pids(outdir), 5.0) == [], "a worker outlived fabric.launch"
+    assert "the other processes were ended" in result["message"]
+    return result
+
+
+# -- ddp: the script is re-run for rank 1 --------------------------------------------------------------
+def test_ddp_rank1_raises_while_rank0_waits_in_collective(tmp_path: Path) -> None:
+    run = _run_ddp_script(tmp_path, "rank1_blocked")
+    assert SCRIPT_MESSAGE.format(rank=1) in run.stderr, "rank 1's traceback must reach the user"
+
+
+def test_ddp_names_rank1_when_it_fails_while_rank0_computes(tmp_path: Path) -> None:
+    run = _run_ddp_script(tmp_path, "rank1_busy")
+    assert SCRIPT_MESSAGE.format(rank=1) in run.stderr
+    assert "The process with global rank 1" in run.stderr and "exited with code 1" in run.stderr, run.stderr
+
+
+def test_ddp_names_rank1_when_it_fails_while_rank0_waits_in_collective(tmp_path: Path) -> None:
+    # Rank 1 takes a few seconds to exit after leaving the process group (its checkpoint plugin flushes at
+    # teardown), which makes the race deterministic; without that delay the line is missing too (15 of 15 runs).
+    run = _run_ddp_script(tmp_path, "rank1_slow")
+    assert SCRIPT_MESSAGE.format(rank=1) in run.stderr
+    assert "global rank 1" in run.stderr, run.stderr
+
+
+def test_ddp_rank0_raises_while_rank1_waits_in_collective(tmp_path: Path) -> None:
+    run = _run_ddp_script(tmp_path, "rank0_blocked")  # also checks rank 1 is gone within 5 s of the job's end
+    assert SCRIPT_MESSAGE.format(rank=0) in run.stderr
+
+
+# -- ddp_spawn / ddp_fork: the launched function fails -------------------------------------------------
+def test_spawn_raise_in_rank1_names_rank_and_error(tmp_path: Path) -> None:
+    result = _run_launch_function(tmp_path, "ddp_spawn", "raise_busy")
+    assert "global rank 1 raised an exception" in result["message"], result["message"]
+    assert FUNCTION_MESSAGE in result["message"]
+    assert "ValueError" in result["message"]
+
+
+def test_launch_function_names_root_cause_when_peer_waits_in_collective(tmp_path: Path) -> None:
+    result = _run_launch_function(tmp_path, "ddp_fork", "raise_slow")
+    assert "global rank 1 raised an exception" in result["message"], result["message"]
+    assert FUNCTION_MESSAGE in result["message"]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "scenario", "expected"),
+    [
+        ("ddp_spawn", "exit3", "global rank 1 exited with code 3"),
+        ("ddp_fork", "sigkill", "global rank 1 was killed by SIGKILL"),
+    ],
+)
+def test_launch_function_rank1_dies(tmp_path: Path, strategy: str, scenario: str, expected: str) -> None:
+    result = _run_launch_function(tmp_path, strategy, scenario)
+    assert expected in result["message"], result["message"]
