@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import warnings
 from argparse import Namespace
 from collections.abc import Callable, Mapping
@@ -14,16 +13,14 @@ from typing import Any, TextIO
 from torch import Tensor
 
 from fabric.loggers.logger import (
-    Logger,
     _add_prefix,
-    _next_version,
     _params_to_dict,
     _scalar,
-    _version_dir_name,
+    _VersionedLogger,
 )
 
 
-class CSVLogger(Logger):
+class CSVLogger(_VersionedLogger):
     """Log metrics to ``root_dir/name/version_N/metrics.csv`` and hyperparameters to ``hparams.json``.
 
     Hyperparameters go to JSON rather than Lightning's ``hparams.yaml`` so that no YAML package is needed;
@@ -53,36 +50,16 @@ class CSVLogger(Logger):
                 f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps}): the logger needs to flush"
                 " after at least one call. Pass 1 or more."
             )
-        self._root_dir = os.fspath(root_dir)
-        self._name = name or ""
-        self._version = version
+        super().__init__(root_dir, name, version)
         self._prefix = prefix
         self._flush_every = flush_logs_every_n_steps
         self._hparams: dict[str, Any] = {}
         self._writer: _MetricsWriter | None = None
 
     @property
-    def name(self) -> str:
-        """The experiment name."""
-        return self._name
-
-    @property
-    def version(self) -> int | str:
-        """The experiment version, chosen on first access when not given."""
-        if self._version is None:
-            # Chosen once: later accesses must not move to a new directory once this one exists.
-            self._version = _next_version(Path(self._root_dir, self._name))
-        return self._version
-
-    @property
-    def root_dir(self) -> str:
-        """The directory experiments are saved under."""
-        return self._root_dir
-
-    @property
     def log_dir(self) -> str:
         """The directory of this experiment version."""
-        return os.fspath(Path(self._root_dir, self._name, _version_dir_name(self.version)))
+        return self._version_dir
 
     def log_metrics(self, metrics: Mapping[str, float | Tensor], step: int | None = None) -> None:
         """Buffer one row of metrics; it is written every ``flush_logs_every_n_steps`` calls."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from abc import ABC, abstractmethod
 from argparse import Namespace
 from collections.abc import Mapping
@@ -62,6 +63,37 @@ class Logger(ABC):
     def finalize(self, status: str) -> None:
         """Finish the experiment; ``status`` says how it ended (for example ``"success"``)."""
         self.save()
+
+
+class _VersionedLogger(Logger):
+    """Directory layout shared by the file loggers: ``root_dir/name/version_N``."""
+
+    def __init__(self, root_dir: str | Path, name: str | None, version: int | str | None) -> None:
+        self._root_dir = os.fspath(root_dir)
+        self._name = name or ""
+        self._version = version
+
+    @property
+    def name(self) -> str:
+        """The experiment name."""
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        """The experiment version, chosen on first access when not given."""
+        if self._version is None:
+            # Chosen once: later accesses must not move to a new directory once this one exists.
+            self._version = _next_version(Path(self._root_dir, self._name))
+        return self._version
+
+    @property
+    def root_dir(self) -> str:
+        """The directory experiments are saved under."""
+        return self._root_dir
+
+    @property
+    def _version_dir(self) -> str:
+        return os.fspath(Path(self._root_dir, self._name, _version_dir_name(self.version)))
 
 
 def _next_version(directory: Path) -> int:

@@ -14,19 +14,17 @@ from torch import Tensor
 from torch.nn import Module
 
 from fabric.loggers.logger import (
-    Logger,
     _add_prefix,
-    _next_version,
     _params_to_dict,
     _scalar,
-    _version_dir_name,
+    _VersionedLogger,
 )
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(_VersionedLogger):
     """Log to ``root_dir/name/version_N[/sub_dir]`` in TensorBoard's format.
 
     Args:
@@ -60,32 +58,12 @@ class TensorBoardLogger(Logger):
                 " Run `pip install torchfabric[tensorboard]` (or `pip install tensorboard`),"
                 " or use CSVLogger, which needs nothing extra."
             )
-        self._root_dir = os.fspath(root_dir)
-        self._name = name or ""
-        self._version = version
+        super().__init__(root_dir, name, version)
         self._default_hp_metric = default_hp_metric
         self._prefix = prefix
         self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
         self._kwargs = kwargs
         self._experiment: SummaryWriter | None = None
-
-    @property
-    def name(self) -> str:
-        """The experiment name."""
-        return self._name
-
-    @property
-    def version(self) -> int | str:
-        """The experiment version, chosen on first access when not given."""
-        if self._version is None:
-            # Chosen once: later accesses must not move to a new directory once this one exists.
-            self._version = _next_version(Path(self._root_dir, self._name))
-        return self._version
-
-    @property
-    def root_dir(self) -> str:
-        """The directory experiments are saved under."""
-        return self._root_dir
 
     @property
     def sub_dir(self) -> str | None:
@@ -95,7 +73,7 @@ class TensorBoardLogger(Logger):
     @property
     def log_dir(self) -> str:
         """The directory the event files go to."""
-        path = Path(self._root_dir, self._name, _version_dir_name(self.version), self._sub_dir or "")
+        path = Path(self._version_dir, self._sub_dir or "")
         return os.fspath(Path(os.path.expandvars(path)).expanduser())
 
     @property

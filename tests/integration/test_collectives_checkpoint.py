@@ -6,28 +6,13 @@ the tests below assert on both ranks' observations.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import _it_runner as runner
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-
-def _load_runner() -> ModuleType:
-    name = "_fabric_integration_runner"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "scripts" / "_it_runner.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-runner = _load_runner()
 pytestmark = pytest.mark.multiprocess
 SEED = 7  # the seed the script passes to seed_everything
 

@@ -3,27 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
+import _it_runner as runner
 import pytest
 import torch
 
-
-def _load_runner() -> ModuleType:
-    name = "_fabric_integration_runner"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "scripts" / "_it_runner.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-runner = _load_runner()
 pytestmark = pytest.mark.multiprocess
 
 

@@ -6,27 +6,13 @@ the time it failed) so that the test can bound the time from the failure to the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import _it_runner as runner
 import pytest
 
-
-def _load_runner() -> ModuleType:
-    name = "_fabric_integration_runner"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "scripts" / "_it_runner.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
-runner = _load_runner()
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT_MESSAGE = "integration-test-failure-7f3a9c: rank {rank} gave up on purpose"  # fail_ddp_script.py
