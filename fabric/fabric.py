@@ -146,6 +146,12 @@ class Fabric:
     def _validate_launched(self, method: str) -> None:
         if self._launched:
             return
+        if self._launch_called:
+            raise RuntimeError(
+                f"fabric.{method}() was called in the process that called fabric.launch(fn), which only starts "
+                f"the workers of strategy {type(self._strategy).__name__} and waits for them. Call it inside fn, "
+                "which runs in every worker."
+            )
         if self._strategy.requires_launch:
             raise RuntimeError(
                 f"fabric.{method}() was called before fabric.launch(), so the {self.world_size} processes of "

@@ -10,6 +10,8 @@ import _it_runner as runner
 import pytest
 import torch
 
+from fabric import Fabric
+
 pytestmark = pytest.mark.multiprocess
 
 
@@ -96,3 +98,14 @@ def test_torchrun_processes_are_used_as_they_are(tmp_path: Path) -> None:
         assert report["world_size"] == 2, "devices='auto' resolves to LOCAL_WORLD_SIZE"
         assert report["device"] == "cpu"
         assert report["all_reduce_sum"] == 3.0
+
+
+def _noop(fabric: Fabric) -> None:
+    return None
+
+
+def test_setup_in_the_calling_process_after_launch_fn_says_to_move_it_into_fn() -> None:
+    fabric = Fabric(accelerator="cpu", strategy="ddp_fork", devices=2)
+    fabric.launch(_noop)
+    with pytest.raises(RuntimeError, match=r"fabric\.setup\(\) was called in the process that called fabric\.launch"):
+        fabric.setup(torch.nn.Linear(2, 2))
