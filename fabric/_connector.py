@@ -158,23 +158,13 @@ def _named_accelerator(name: str) -> Accelerator:
 
 def _resolve_devices(accel: Accelerator, devices: Any, num_nodes: int, env: ClusterEnvironment) -> list[int]:
     """Device indices for this machine; under an external launcher they must match what it started."""
-    per_node = env.processes_per_node() if env.creates_processes_externally else None
+    if not env.creates_processes_externally:
+        return accel.parse_devices(devices)
+    per_node = env.processes_per_node()
     if per_node is not None and devices == "auto":
         devices = per_node  # a count: N processes on the CPU, the first N devices elsewhere
     indices = accel.parse_devices(devices)
-    if per_node is not None and len(indices) != per_node:
-        raise ValueError(
-            f"Fabric(devices={devices!r}): the launcher started {per_node} processes on this machine "
-            f"(LOCAL_WORLD_SIZE={per_node}), but devices asks for {len(indices)}. Pass devices={per_node} or "
-            "'auto', or start as many processes as devices."
-        )
-    world = env.world_size() if env.creates_processes_externally else None
-    if world is not None and per_node is not None and world != per_node * num_nodes:
-        raise ValueError(
-            f"Fabric(num_nodes={num_nodes}): the launcher started WORLD_SIZE={world} processes, "
-            f"{per_node} per machine, which is not num_nodes={num_nodes} machines. Pass "
-            f"num_nodes={max(world // per_node, 1)}."
-        )
+    env.validate_settings(len(indices), num_nodes)
     return indices
 
 

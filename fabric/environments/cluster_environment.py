@@ -48,5 +48,8 @@ class ClusterEnvironment(ABC):
         """How many processes the scheduler started on this machine, if it says."""
         return None
 
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:  # noqa: B027 - optional check
+        """Raise if the flags contradict what the scheduler started, naming its variable and value."""
+
     def teardown(self) -> None:  # noqa: B027 - optional hook
         """Undo anything set up for this environment."""

@@ -48,6 +48,23 @@ class TorchElasticEnvironment(ClusterEnvironment):
         """GROUP_RANK (torchrun's node rank), else NODE_RANK, else 0."""
         return int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", 0)))
 
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """devices must match LOCAL_WORLD_SIZE, and devices x num_nodes must match WORLD_SIZE."""
+        per_node = self.processes_per_node()
+        if per_node is not None and num_devices != per_node:
+            raise ValueError(
+                f"Fabric(devices={num_devices}): torchrun started {per_node} processes on this machine "
+                f"(LOCAL_WORLD_SIZE={per_node}). Pass devices={per_node} or 'auto', or start as many processes "
+                "as devices."
+            )
+        world = self.world_size()
+        if world is not None and world != num_devices * num_nodes:
+            raise ValueError(
+                f"Fabric(devices={num_devices}, num_nodes={num_nodes}): torchrun started WORLD_SIZE={world} "
+                f"processes, not {num_devices} x {num_nodes}. Pass num_nodes={max(world // num_devices, 1)}, "
+                "or match devices and num_nodes to the torchrun command."
+            )
+
     def processes_per_node(self) -> int | None:
         """LOCAL_WORLD_SIZE, when torchrun set it."""
         value = os.environ.get("LOCAL_WORLD_SIZE")
