@@ -8,16 +8,13 @@ from typing import Any
 
 import torch
 
+from fabric._cli_flags import cli_flags, merge_cli_flags
 from fabric.accelerators import ACCELERATOR_REGISTRY, Accelerator
 from fabric.environments import ClusterEnvironment, detect_environment
 from fabric.io import CheckpointIO, TorchCheckpointIO
 from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from fabric.precision._names import LEGACY_PRECISION, PRECISIONS
 from fabric.strategies import STRATEGY_REGISTRY, SingleDeviceStrategy, Strategy
-
-PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
-# The spellings Lightning users know: 16 and "bf16" have always meant mixed precision.
-_LEGACY_PRECISION = {32: "32-true", "32": "32-true", 64: "64-true", "64": "64-true", 16: "16-mixed",
-                     "16": "16-mixed", "bf16": "bf16-mixed"}  # fmt: skip
 
 
 def _describe(strategy: Any) -> str:
@@ -35,8 +32,13 @@ def connect(
     num_nodes: int,
     precision: Any,
     plugins: Any,
-) -> Strategy:
-    """Resolve every flag against the others and the environment, and build the strategy."""
+) -> tuple[Strategy, bool]:
+    """Resolve every flag against the others and the environment; the strategy, and whether `fabric run` started us."""
+    cli = cli_flags()
+    if cli:
+        accelerator, strategy, devices, num_nodes, precision = merge_cli_flags(
+            cli, accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes, precision=precision
+        )
     precision_plugin, environment, checkpoint_io = _split_plugins(plugins)
     user_strategy = strategy if isinstance(strategy, Strategy) else None
     if precision is not None and precision_plugin is not None:
@@ -64,7 +66,7 @@ def connect(
         parallel_devices=accel.get_parallel_devices(indices),
         num_nodes=num_nodes,
     )
-    return user_strategy
+    return user_strategy, bool(cli)
 
 
 def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment | None, CheckpointIO | None]:
@@ -194,7 +196,7 @@ def _resolve_precision(flag: Any, plugin: Precision | None, strategy: Strategy, 
         return own or plugin  # type: ignore[return-value]
     name = flag if flag is not None else "32-true"
     if isinstance(flag, (int, str)):
-        name = _LEGACY_PRECISION.get(flag, flag)
+        name = LEGACY_PRECISION.get(flag, flag)
     if name not in PRECISIONS:
         raise ValueError(
             f"Fabric(precision={flag!r}): unknown precision {flag!r}. Choose one of: {_names(PRECISIONS)} "

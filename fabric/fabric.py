@@ -44,7 +44,8 @@ class Fabric:
         callbacks: Any | list[Any] | None = None,
         loggers: Logger | list[Logger] | None = None,
     ) -> None:
-        self._strategy: Strategy = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
+        # _under_cli: `fabric run` started this process, so the processes exist and launch() is optional.
+        self._strategy, self._under_cli = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
         self._callbacks = _as_list(callbacks)
         self._loggers = _as_list(loggers)
         # _launched: this process's environment is set up. _launch_called: the user called launch().
@@ -152,7 +153,7 @@ class Fabric:
                 f"the workers of strategy {type(self._strategy).__name__} and waits for them. Call it inside fn, "
                 "which runs in every worker."
             )
-        if self._strategy.requires_launch:
+        if self._strategy.requires_launch and not self._under_cli:
             raise RuntimeError(
                 f"fabric.{method}() was called before fabric.launch(), so the {self.world_size} processes of "
                 f"strategy {type(self._strategy).__name__} do not exist yet. Call fabric.launch() first (or "

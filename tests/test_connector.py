@@ -441,7 +441,8 @@ def test_torchrun_with_mismatched_devices(monkeypatch: pytest.MonkeyPatch) -> No
     _torchrun_env(monkeypatch)
     with pytest.raises(
         ValueError,
-        match=r"Fabric\(devices=3\): torchrun started 2 processes on this machine \(LOCAL_WORLD_SIZE=2\)\. Pass devices=2",
+        match=r"Fabric\(devices=3\): torchrun started 2 processes on this machine "
+        r"\(LOCAL_WORLD_SIZE=2\)\. Pass devices=2",
     ):
         Fabric(accelerator="cpu", devices=3, num_nodes=2)
 
@@ -450,7 +451,8 @@ def test_torchrun_with_mismatched_num_nodes(monkeypatch: pytest.MonkeyPatch) -> 
     _torchrun_env(monkeypatch)
     with pytest.raises(
         ValueError,
-        match=r"Fabric\(devices=2, num_nodes=1\): torchrun started WORLD_SIZE=4 processes, not 2 x 1\. Pass num_nodes=2",
+        match=r"Fabric\(devices=2, num_nodes=1\): torchrun started WORLD_SIZE=4 processes, not 2 x 1\. "
+        r"Pass num_nodes=2",
     ):
         Fabric(accelerator="cpu", num_nodes=1)
 

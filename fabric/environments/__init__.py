@@ -2,10 +2,25 @@
 
 from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.environments.default import DefaultEnvironment, LightningEnvironment
+from fabric.environments.existing_group import ProcessGroupEnvironment
+from fabric.environments.kubeflow import KubeflowEnvironment
+from fabric.environments.lsf import LSFEnvironment
+from fabric.environments.mpi import MPIEnvironment
+from fabric.environments.slurm import SLURMEnvironment
 from fabric.environments.torchelastic import TorchElasticEnvironment
 
 # Checked in this order; the first whose detect() is true wins. DefaultEnvironment always matches.
-DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (TorchElasticEnvironment, DefaultEnvironment)
+# SLURM comes first but steps aside when torchrun runs inside the allocation (see SLURMEnvironment.detect).
+# One class per line, so an entry can be added or moved without touching the others.
+DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
+    ProcessGroupEnvironment,  # an initialised torch.distributed group outranks every variable
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+    KubeflowEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
+    DefaultEnvironment,
+)
 
 
 def detect_environment() -> ClusterEnvironment:
@@ -20,7 +35,12 @@ __all__ = [
     "DETECTION_ORDER",
     "ClusterEnvironment",
     "DefaultEnvironment",
+    "KubeflowEnvironment",
+    "LSFEnvironment",
     "LightningEnvironment",
+    "MPIEnvironment",
+    "ProcessGroupEnvironment",
+    "SLURMEnvironment",
     "TorchElasticEnvironment",
     "detect_environment",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
-import weakref
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -168,7 +168,9 @@ class ParallelStrategy(Strategy):
         )
         self._owns_process_group = True
         # gloo processes that exit with a live group can abort; leave cleanly even if the user never tears down.
-        atexit.register(_teardown_if_alive, weakref.ref(self))
+        # The hook holds the group, not this strategy: the strategy is usually garbage by exit (the Fabric was a
+        # local of main()), and the group it created must still be destroyed then, but only that group.
+        atexit.register(_destroy_at_exit, dist.group.WORLD)
 
     def _check_existing_group(self) -> None:
         if dist.get_world_size() != self.world_size or dist.get_rank() != self.global_rank:
@@ -199,17 +201,19 @@ class ParallelStrategy(Strategy):
         """Wait for every process (no-op before the group exists)."""
         if not dist.is_initialized():
             return
-        if self.process_group_backend == "nccl":
-            dist.barrier(device_ids=[self.root_device.index])
-        else:
-            dist.barrier()
+        with self._explain_timeout("barrier"):
+            if self.process_group_backend == "nccl":
+                dist.barrier(device_ids=[self.root_device.index])
+            else:
+                dist.barrier()
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from `src` to every process."""
         if not dist.is_initialized():
             return obj
         holder = [obj]
-        dist.broadcast_object_list(holder, src=src, device=self._object_device)
+        with self._explain_timeout("broadcast"):
+            dist.broadcast_object_list(holder, src=src, device=self._object_device)
         return holder[0]
 
     @property
@@ -220,14 +224,25 @@ class ParallelStrategy(Strategy):
         """Stack the tensors of all processes along a new first dimension."""
         if not dist.is_initialized():
             return tensor
-        return _dist.all_gather(tensor, group=group, sync_grads=sync_grads)
+        with self._explain_timeout("all_gather"):
+            return _dist.all_gather(tensor, group=group, sync_grads=sync_grads)
 
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
         """Reduce across processes; the input is left unchanged."""
         if not dist.is_initialized():
             _dist.check_reduce_op(reduce_op)
             return tensor
-        return _dist.all_reduce(tensor, reduce_op, self.world_size, group=group)
+        with self._explain_timeout("all_reduce"):
+            return _dist.all_reduce(tensor, reduce_op, self.world_size, group=group)
+
+    def _explain_timeout(self, operation: str) -> AbstractContextManager[None]:
+        """Name the operation and the setting to change when a collective times out, instead of gloo's bare text."""
+        if self._owns_process_group:
+            waited, setting = str(self._timeout), f"{type(self).__name__}(timeout=...)"
+        else:
+            # The group is someone else's: its timeout was set where it was created, not by this strategy.
+            waited, setting = "the process group's timeout", "torch.distributed.init_process_group(timeout=...)"
+        return _dist.explain_timeout(operation, waited, setting)
 
 
 def _share_cpu_threads(num_processes: int) -> None:
@@ -237,7 +252,6 @@ def _share_cpu_threads(num_processes: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_processes))
 
 
-def _teardown_if_alive(ref: weakref.ref) -> None:
-    strategy = ref()
-    if strategy is not None:
-        strategy.teardown()
+def _destroy_at_exit(group: Any) -> None:
+    if dist.is_initialized() and dist.group.WORLD is group:
+        dist.destroy_process_group()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -9,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+_MIN_RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
 
 
@@ -84,12 +87,44 @@ class _DifferentiableAllGather(torch.autograd.Function):
 def init_process_group(
     backend: str, main_address: str, main_port: int, world_size: int, rank: int, timeout: timedelta
 ) -> None:
-    """Join the default process group over a TCP rendezvous at main_address:main_port."""
+    """Join the default process group over a TCP rendezvous at main_address:main_port.
+
+    The store gets at least _MIN_RENDEZVOUS_TIMEOUT: `timeout` is meant for collectives, and a short one
+    (seconds, to fail fast when a rank is stuck) would otherwise fail the start while the other processes
+    are still importing torch.
+    """
     host = f"[{main_address}]" if ":" in main_address else main_address
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{host}:{main_port}",
-        world_size=world_size,
-        rank=rank,
-        timeout=timeout,
+    # torch's own tcp:// handler, so torchrun's agent store and multi-tenant stores work as before.
+    store, _, _ = next(
+        dist.rendezvous(
+            f"tcp://{host}:{main_port}",
+            rank,
+            world_size,
+            timeout=max(timeout, _MIN_RENDEZVOUS_TIMEOUT),
+        )
     )
+    store.set_timeout(timeout)  # what init_process_group does after its own rendezvous
+    dist.init_process_group(backend=backend, store=store, world_size=world_size, rank=rank, timeout=timeout)
+
+
+@contextmanager
+def explain_timeout(operation: str, waited: str, setting: str) -> Iterator[None]:
+    """Turn torch's bare collective timeout into an error that names the operation and how to wait longer.
+
+    `waited` says how long (e.g. "0:00:03"), `setting` the call that sets it (e.g. "DDPStrategy(timeout=...)").
+    gloo raises a RuntimeError ("Timed out waiting 3000ms for recv operation ...") from barrier, broadcast,
+    all_gather and all_reduce alike (checked with torch 2.13); NCCL raises DistBackendError, a RuntimeError too.
+    Other errors (a peer that left: "Connection closed by peer") pass through unchanged.
+    """
+    try:
+        yield
+    except RuntimeError as err:
+        text = str(err).lower()
+        if "timed out" not in text and "timeout" not in text:
+            raise
+        longer = setting.replace("...", "timedelta(minutes=...)")
+        raise RuntimeError(
+            f"fabric.{operation}() timed out after {waited} waiting for the other processes ({setting}). "
+            "A process may have died or be stuck, e.g. in a long computation or in a different collective; "
+            f"check the other processes' output. Pass {longer} to wait longer."
+        ) from err

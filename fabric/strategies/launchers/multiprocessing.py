@@ -14,8 +14,10 @@ import torch
 import torch.multiprocessing as mp
 
 from fabric.strategies.launchers.launcher import Launcher
+from fabric.strategies.launchers.subprocess_script import _die_with_parent
 
 _POLL_SECONDS = 0.05
+_TERMINATE_GRACE_SECONDS = 5.0
 # A worker's traceback travels through a pipe; keep it well under the pipe buffer so put() never blocks.
 _MAX_TRACEBACK_CHARS = 16_000
 
@@ -70,7 +72,7 @@ class MultiProcessingLauncher(Launcher):
         }
         context = mp.start_processes(
             _worker,
-            args=(env, state, function, args, results, failures),
+            args=(os.getpid(), env, state, function, args, results, failures),
             nprocs=self.num_processes,
             start_method=self.start_method,
             join=False,
@@ -84,6 +86,11 @@ class MultiProcessingLauncher(Launcher):
                     payload = results.get()
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
             raise RuntimeError(self._describe_failure(err, failures)) from None
+        except BaseException:
+            # Ctrl-C (or any error) here: torch's workers are not daemons, so without this the interpreter
+            # would wait at exit for workers that keep training, and a worker in a collective waits forever.
+            _end_workers(context.processes)
+            raise
         if payload is None and not results.empty():
             payload = results.get()
         return pickle.loads(payload) if payload is not None else None
@@ -110,6 +117,7 @@ class MultiProcessingLauncher(Launcher):
 
 def _worker(
     local_rank: int,
+    parent_pid: int,
     env: dict[str, str],
     state: _GlobalState | None,
     function: Callable,
@@ -118,6 +126,10 @@ def _worker(
     failures: Any,
 ) -> None:
     """Entry point of each worker: say who it is (like torchrun does), run, hand back rank 0's result."""
+    # If the parent is killed outright (SIGKILL, OOM killer), nothing can end the workers: ask Linux to.
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
     if state is not None:
         state.restore()
     os.environ.update(env)
@@ -132,6 +144,19 @@ def _worker(
     if local_rank == 0 and env["NODE_RANK"] == "0":
         # Plain pickle bytes: torch's queue would pass tensors as shared-memory handles that die with this process.
         results.put(pickle.dumps(_to_cpu(result)))
+
+
+def _end_workers(processes: list[Any]) -> None:
+    """SIGTERM every worker still running, then SIGKILL those that ignore it within the grace period."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + _TERMINATE_GRACE_SECONDS
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 class _GlobalState:

@@ -20,6 +20,8 @@ from fabric.strategies.launchers.launcher import Launcher
 
 _POLL_SECONDS = 0.1
 _TERMINATE_GRACE_SECONDS = 5.0
+# How long rank 0, failing, looks for a child whose death caused its error (only delays a failing exit).
+_BLAME_WAIT_SECONDS = 1.0
 # Launcher-private channel, not a cluster variable: where a child records that it failed, and when.
 _FAILURE_DIR_ENV = "FABRIC_LAUNCHER_FAILURE_DIR"
 
@@ -32,7 +34,8 @@ def _script_command() -> list[str]:
     if spec is not None and spec.name != "__main__":  # started as `python -m package.module`
         return [sys.executable, "-m", spec.name, *sys.argv[1:]]
     main_file = getattr(__main__, "__file__", None)
-    if main_file is None:
+    # `python - < code.py` sets __file__ to "<stdin>": no file a child could re-run, like a notebook or REPL.
+    if main_file is None or not Path(main_file).is_file():
         raise RuntimeError(
             "Fabric(strategy='ddp').launch(): this strategy re-runs your script in new processes, but this "
             "session has no script file (a notebook or an interactive shell). Use strategy='ddp_notebook' "
@@ -56,6 +59,7 @@ class SubprocessScriptLauncher(Launcher):
         self._ending = False
         self._main_failed = False
         self._failure_dir: str | None = None
+        self._stderr: Any = sys.stderr
 
     @property
     def is_interactive_compatible(self) -> bool:
@@ -70,6 +74,7 @@ class SubprocessScriptLauncher(Launcher):
     def launch(self, function: Callable[..., Any], *args: Any) -> Any:
         """Start ranks 1..N-1, then run `function` here as local rank 0."""
         command = _script_command()
+        self._stderr = sys.stderr
         if self.num_processes > 1:
             self._failure_dir = tempfile.mkdtemp(prefix="fabric-failures-")
         for local_rank in range(1, self.num_processes):
@@ -105,11 +110,15 @@ class SubprocessScriptLauncher(Launcher):
             time.sleep(_POLL_SECONDS)
 
     def _fail(self, local_rank: int, proc: subprocess.Popen, code: int) -> None:
-        if self._report(local_rank, proc, code, "its traceback is above"):
+        # Written to the stream saved at launch: torch's excepthook swaps sys.stderr for a StringIO while
+        # rank 0 prints its own traceback, and os._exit would drop whatever this thread wrote into it.
+        if self._report(local_rank, proc, code, "its traceback is above", self._stderr):
+            if self._main_failed:
+                return  # rank 0 is printing its traceback; its exit hook ends the children after that
             self._terminate_children()
             os._exit(1)
 
-    def _report(self, local_rank: int, proc: subprocess.Popen, code: int, where: str) -> bool:
+    def _report(self, local_rank: int, proc: subprocess.Popen, code: int, where: str, stream: Any = None) -> bool:
         """Print, once for the whole job, which rank failed; False if another thread already did."""
         with self._lock:
             if self._ending:
@@ -121,7 +130,7 @@ class SubprocessScriptLauncher(Launcher):
         print(
             f"[fabric] The process with global rank {rank} (pid {proc.pid}) {how}; {where}. "
             "Ending the other processes.",
-            file=sys.stderr,
+            file=stream or sys.stderr,
             flush=True,
         )
         return True
@@ -155,6 +164,13 @@ class SubprocessScriptLauncher(Launcher):
         Children record their failure before they leave the group, so the record is there by now.
         """
         failed = self._first_failed_child(include_running=True)
+        # A child killed by a signal writes no record, and its exit can be missed for a moment: Popen.poll()
+        # answers None while the watcher thread holds the child's wait lock. Look again briefly, or the
+        # line naming the killed rank is lost (the exit hook then ends the job silently).
+        deadline = time.monotonic() + _BLAME_WAIT_SECONDS
+        while failed is None and time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS)
+            failed = self._first_failed_child(include_running=True)
         if failed is not None:
             local_rank, proc, _ = failed
             code = proc.poll() or 1

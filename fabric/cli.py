@@ -1,0 +1,263 @@
+"""`fabric run`: start a script's processes through torch's elastic launcher, with Fabric's flags from the command."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fabric._cli_flags import CLI_ENV_PREFIX
+from fabric.precision._names import PRECISIONS
+from fabric.strategies import STRATEGY_REGISTRY
+
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
+LEGACY_PRECISIONS = ("32", "64", "16", "bf16")
+DEFAULT_DEVICES = "1"  # like `lightning run model`: one process unless asked, never all GPUs by surprise
+DEFAULT_MAIN_PORT = 29400
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int; pass a whole number such as 1 or 2") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more (the number of machines)")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int; pass a whole number such as 0 or 1") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _non_negative_int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; pass a number from 1 to 65535")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `fabric` command line: one sub-command, `run`."""
+    parser = argparse.ArgumentParser(prog="fabric", description="Command-line tools for fabric.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        prog="fabric run",
+        help="Run a training script on one or more processes, devices and machines.",
+        description=(
+            "Start SCRIPT once per device through torch.distributed.run (torchrun). The script's Fabric(...) "
+            "takes every flag it leaves at its default from this command; a flag set in both places must agree. "
+            "Everything after SCRIPT is passed to the script untouched."
+        ),
+    )
+    run.add_argument("script", metavar="SCRIPT", help="The Python script to run in every process.")
+    run.add_argument(
+        "script_args", metavar="SCRIPT_ARGS", nargs=argparse.REMAINDER, help="Arguments passed to the script as-is."
+    )
+    run.add_argument(
+        "--accelerator",
+        choices=ACCELERATORS,
+        default="auto",
+        help="The hardware to run on; 'auto' picks CUDA, then MPS, then the CPU. Default: %(default)s.",
+    )
+    strategies = ["auto", *STRATEGY_REGISTRY.names()]
+    run.add_argument(
+        "--strategy",
+        choices=strategies,
+        default="auto",
+        metavar="NAME",
+        help=(
+            "How work is distributed across the processes, by registered name: "
+            f"{', '.join(strategies)}. Default: %(default)s."
+        ),
+    )
+    run.add_argument(
+        "--devices",
+        default=DEFAULT_DEVICES,
+        help=(
+            "Devices (= processes) per machine: a count such as 2, a GPU list such as 0,1, -1 for all, or "
+            "'auto' for the accelerator's own count (1 on the CPU, every GPU on CUDA). Default: %(default)s."
+        ),
+    )
+    run.add_argument(
+        "--num-nodes",
+        type=_positive_int,
+        default=1,
+        help="The number of machines taking part; start this command once on each. Default: %(default)s.",
+    )
+    run.add_argument(
+        "--node-rank",
+        type=_non_negative_int,
+        default=0,
+        help="This machine's rank, from 0 to num-nodes - 1; rank 0 hosts the rendezvous. Default: %(default)s.",
+    )
+    run.add_argument(
+        "--main-address",
+        default="127.0.0.1",
+        help="Address of the node-rank-0 machine, reachable from every machine. Default: %(default)s.",
+    )
+    run.add_argument(
+        "--main-port",
+        type=_port,
+        default=DEFAULT_MAIN_PORT,
+        help="A free TCP port on the node-rank-0 machine for the rendezvous. Default: %(default)s.",
+    )
+    run.add_argument(
+        "--precision",
+        choices=[*PRECISIONS, *LEGACY_PRECISIONS],
+        default=None,
+        help="The numeric policy; unset leaves it to the script (which defaults to 32-true). Default: unset.",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `fabric` console script and of `python -m fabric`."""
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        return _run(args)
+    except _CLIError as err:
+        print(f"fabric run{err.flags}: {err}", file=sys.stderr)
+        return 2
+
+
+class _CLIError(Exception):
+    """Bad input found after parsing; the message follows the project's error shape."""
+
+    def __init__(self, message: str, flags: str = "") -> None:
+        super().__init__(message)
+        self.flags = flags
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not Path(args.script).is_file():
+        raise _CLIError(
+            f"script {args.script!r} does not exist. Check the path; a relative path is resolved against the "
+            f"current directory ({Path.cwd()})."
+        )
+    if args.node_rank >= args.num_nodes:
+        raise _CLIError(
+            f"node rank {args.node_rank} does not exist among {args.num_nodes} machine(s). "
+            f"Pass --node-rank from 0 to {args.num_nodes - 1}.",
+            f" --num-nodes {args.num_nodes} --node-rank {args.node_rank}",
+        )
+    nproc, visible = process_layout(args.accelerator, args.devices)
+    if args.node_rank == 0:
+        check_port_free(args.main_address, args.main_port)
+    os.environ.update(cli_environment(args, nproc))
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    return _torchrun(torchrun_args(args, nproc))
+
+
+def process_layout(accelerator: str, devices: str) -> tuple[int, str | None]:
+    """Processes per machine, and the CUDA_VISIBLE_DEVICES to set (None: leave it as it is)."""
+    accel = _accelerator(accelerator)
+    value: Any = devices
+    if devices.strip().lstrip("-").isdigit() and "," not in devices:
+        value = int(devices)
+    try:
+        indices = accel.parse_devices(value)
+    except ValueError as err:
+        why = str(err).split(": ", 1)[-1]
+        raise _CLIError(why, f" --accelerator {accelerator} --devices {devices}") from None
+    from fabric.accelerators.cuda import CUDAAccelerator
+
+    if not isinstance(accel, CUDAAccelerator) or indices == list(range(len(indices))):
+        return len(indices), None
+    # Each process sees only the listed GPUs, renumbered from 0, so devices=N in the script picks them.
+    already = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [p.strip() for p in already.split(",")] if already else [str(i) for i in range(max(indices) + 1)]
+    return len(indices), ",".join(names[i] for i in indices)
+
+
+def _accelerator(name: str) -> Any:
+    from fabric.accelerators import ACCELERATOR_REGISTRY
+
+    candidates = {"auto": ("cuda", "mps", "cpu"), "gpu": ("cuda", "mps")}.get(name, (name,))
+    for candidate in candidates:
+        factory, kwargs = ACCELERATOR_REGISTRY.get(candidate)
+        if factory.is_available():  # type: ignore[attr-defined]
+            return factory(**kwargs)
+    raise _CLIError(
+        f"no {'GPU' if name == 'gpu' else name.upper()} device is available on this machine. "
+        "Use --accelerator cpu or auto.",
+        f" --accelerator {name}",
+    )
+
+
+def check_port_free(address: str, port: int) -> None:
+    """Fail now, with a clear message, when something already listens on the rendezvous port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR like torch's TCPStore: connections of an earlier run in TIME_WAIT do not block it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+            sock.listen(1)
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                return  # e.g. a name this check cannot bind to; torchrun reports its own error then
+            raise _CLIError(
+                f"port {port} on {address} is already in use. Choose a free port with --main-port (the same on "
+                "every machine), or end the process that holds it.",
+                f" --main-port {port}",
+            ) from None
+
+
+def cli_environment(args: argparse.Namespace, nproc: int) -> dict[str, str]:
+    """The FABRIC_CLI_* variables that carry the flags to Fabric(...) in every process."""
+    env = {
+        "ACCELERATOR": args.accelerator,
+        "STRATEGY": args.strategy,
+        "DEVICES": str(nproc),
+        "NUM_NODES": str(args.num_nodes),
+    }
+    if args.precision is not None:
+        env["PRECISION"] = args.precision
+    return {CLI_ENV_PREFIX + name: value for name, value in env.items()}
+
+
+def torchrun_args(args: argparse.Namespace, nproc: int) -> list[str]:
+    """The command line for torch.distributed.run."""
+    return [
+        f"--nproc_per_node={nproc}",
+        f"--nnodes={args.num_nodes}",
+        f"--node_rank={args.node_rank}",
+        f"--master_addr={args.main_address}",
+        f"--master_port={args.main_port}",
+        args.script,
+        *args.script_args,
+    ]
+
+
+def _torchrun(torchrun_argv: list[str]) -> int:
+    """Run torchrun in this process (it becomes the agent of its workers); its exit status, non-zero on failure."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(torchrun_argv))
+    except ChildFailedError as err:
+        print(f"fabric run: a process failed.\n{err.format_msg()}", file=sys.stderr)
+        return 1
+    except SignalException as err:
+        # torchrun has already stopped the workers; exit like a process killed by that signal would.
+        return 128 + int(err.sigval)
+    except Exception as err:  # rendezvous timeouts and similar: one line instead of torch's traceback
+        print(f"fabric run: torch.distributed.run failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0

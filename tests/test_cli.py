@@ -1,0 +1,346 @@
+"""Unit tests for `fabric run` (no processes): parsing, the torchrun command, and how CLI flags meet code flags."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import fabric.accelerators.cuda as cuda_module
+from fabric import CPUAccelerator, DDPStrategy, Fabric, HalfPrecision, MixedPrecision, SingleDeviceStrategy, cli
+from fabric._cli_flags import cli_flags as _cli_flags
+
+OPTIONS = ("--accelerator", "--strategy", "--devices", "--num-nodes", "--node-rank", "--main-address", "--main-port",
+           "--precision")  # fmt: skip
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text("print('hi')\n")
+    return path
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Replace torchrun by a recorder: main() runs everything up to starting the processes."""
+    calls: list[list[str]] = []
+
+    def fake_torchrun(argv: list[str]) -> int:
+        calls.append(argv)
+        return 0
+
+    monkeypatch.setattr(cli, "_torchrun", fake_torchrun)
+    for name in ("ACCELERATOR", "STRATEGY", "DEVICES", "NUM_NODES", "PRECISION"):
+        monkeypatch.delenv(f"FABRIC_CLI_{name}", raising=False)
+    return calls
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    return cli.build_parser().parse_args(["run", *argv])
+
+
+# -- parsing -------------------------------------------------------------------------------------
+def test_defaults() -> None:
+    args = _parse("train.py")
+    assert (args.accelerator, args.strategy, args.devices, args.precision) == ("auto", "auto", "1", None)
+    assert (args.num_nodes, args.node_rank, args.main_address, args.main_port) == (1, 0, "127.0.0.1", 29400)
+
+
+def test_everything_after_the_script_goes_to_the_script_untouched() -> None:
+    args = _parse("--devices", "2", "train.py", "--lr", "0.1", "--devices", "3", "-h")
+    assert args.devices == "2"
+    assert args.script == "train.py"
+    assert args.script_args == ["--lr", "0.1", "--devices", "3", "-h"]
+
+
+def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for option in OPTIONS:
+        assert option in text
+    assert text.count("Default:") >= len(OPTIONS)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--bogus", "train.py"], "unrecognized arguments: --bogus"),
+        (["--precision", "8-true", "train.py"], "argument --precision: invalid choice: '8-true'"),
+        (["--accelerator", "tpu9", "train.py"], "argument --accelerator: invalid choice: 'tpu9'"),
+        (["--strategy", "ddp_spwan", "train.py"], "argument --strategy: invalid choice: 'ddp_spwan'"),
+        (["--num-nodes", "0", "train.py"], "argument --num-nodes: '0' must be 1 or more"),
+        (["--num-nodes", "two", "train.py"], "argument --num-nodes: 'two' is not an int"),
+        (["--node-rank", "-1", "train.py"], "argument --node-rank: '-1' must be 0 or more"),
+        (["--main-port", "70000", "train.py"], "argument --main-port: '70000' is not a TCP port"),
+        ([], "the following arguments are required: SCRIPT"),
+    ],
+)
+def test_bad_options_exit_with_status_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_script(launched: list, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--accelerator", "cpu", "no_such_script.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fabric run: script 'no_such_script.py' does not exist. Check the path")
+    assert launched == []
+
+
+def test_node_rank_outside_the_nodes(script: Path, launched: list, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--num-nodes", "2", "--node-rank", "2", str(script)]) == 2
+    assert "fabric run --num-nodes 2 --node-rank 2: node rank 2 does not exist among 2 machine(s). Pass --node-rank " \
+        "from 0 to 1." in capsys.readouterr().err  # fmt: skip
+    assert launched == []
+
+
+def test_port_in_use_fails_before_launching(script: Path, launched: list, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        code = cli.main(["run", "--accelerator", "cpu", "--main-port", str(port), str(script)])
+    assert code == 2
+    assert f"fabric run --main-port {port}: port {port} on 127.0.0.1 is already in use. Choose a free port" in (
+        capsys.readouterr().err
+    )
+    assert launched == []
+
+
+def test_port_is_only_checked_on_node_rank_0(script: Path, launched: list) -> None:
+    with socket.socket() as busy:  # on other nodes the port lives on the main machine, not here
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = str(busy.getsockname()[1])
+        argv = ["run", "--accelerator", "cpu", "--num-nodes", "2", "--node-rank", "1", "--main-port", port]
+        assert cli.main([*argv, str(script)]) == 0
+    assert len(launched) == 1
+
+
+# -- what is launched ----------------------------------------------------------------------------
+def test_main_builds_torchrun_args_and_cli_environment(script: Path, launched: list[list[str]]) -> None:
+    port = _free_port()
+    argv = ["run", "--accelerator", "cpu", "--devices", "3", "--num-nodes", "2", "--node-rank", "0"]
+    argv += ["--main-address", "127.0.0.1", "--main-port", str(port), "--precision", "bf16-mixed", "--strategy", "ddp"]
+    assert cli.main([*argv, str(script), "--lr", "0.1", "--devices", "7"]) == 0
+    assert launched == [
+        ["--nproc_per_node=3", "--nnodes=2", "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}",
+         str(script), "--lr", "0.1", "--devices", "7"]
+    ]  # fmt: skip
+    assert {k: v for k, v in os.environ.items() if k.startswith("FABRIC_CLI_")} == {
+        "FABRIC_CLI_ACCELERATOR": "cpu",
+        "FABRIC_CLI_STRATEGY": "ddp",
+        "FABRIC_CLI_DEVICES": "3",
+        "FABRIC_CLI_NUM_NODES": "2",
+        "FABRIC_CLI_PRECISION": "bf16-mixed",
+    }
+
+
+def test_precision_left_unset_is_not_passed(script: Path, launched: list) -> None:
+    assert cli.main(["run", "--accelerator", "cpu", "--main-port", str(_free_port()), str(script)]) == 0
+    assert "FABRIC_CLI_PRECISION" not in os.environ
+    assert os.environ["FABRIC_CLI_DEVICES"] == "1", "the default is one process"
+
+
+@pytest.mark.parametrize(("devices", "count"), [("1", 1), ("4", 4), ("auto", 1), ("-1", os.cpu_count() or 1)])
+def test_cpu_process_count(devices: str, count: int) -> None:
+    assert cli.process_layout("cpu", devices) == (count, None)
+
+
+@pytest.mark.parametrize("devices", ["0", "0,1", "x"])
+def test_bad_cpu_devices(devices: str) -> None:
+    with pytest.raises(cli._CLIError) as exc:
+        cli.process_layout("cpu", devices)
+    assert exc.value.flags == f" --accelerator cpu --devices {devices}"
+    assert str(exc.value)  # the accelerator's own reason and fix
+
+
+@pytest.fixture
+def four_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_module, "_cuda_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+@pytest.mark.parametrize(
+    ("devices", "expected"),
+    [
+        ("auto", (4, None)),
+        ("-1", (4, None)),
+        ("2", (2, None)),
+        ("0,1", (2, None)),
+        ("1,3", (2, "1,3")),
+        ("2,", (1, "2")),
+    ],
+)
+def test_cuda_process_count_and_visible_devices(four_gpus: None, devices: str, expected: tuple) -> None:
+    assert cli.process_layout("cuda", devices) == expected
+    assert cli.process_layout("gpu", devices) == expected
+
+
+def test_cuda_list_maps_through_existing_visible_devices(four_gpus: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert cli.process_layout("cuda", "1,3") == (2, "5,7")
+
+
+def test_too_many_gpus(four_gpus: None) -> None:
+    with pytest.raises(cli._CLIError, match=r"only 4 CUDA device\(s\) exist here"):
+        cli.process_layout("cuda", "8")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_unavailable_accelerator(script: Path, launched: list, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--accelerator", "cuda", str(script)]) == 2
+    assert "fabric run --accelerator cuda: no CUDA device is available on this machine. Use --accelerator cpu" in (
+        capsys.readouterr().err
+    )
+
+
+# -- code flags meet CLI flags (the connector) ---------------------------------------------------
+@pytest.fixture
+def under_cli(monkeypatch: pytest.MonkeyPatch) -> Any:
+    def set_flags(**flags: str) -> None:
+        for name in ("ACCELERATOR", "STRATEGY", "DEVICES", "NUM_NODES", "PRECISION"):
+            monkeypatch.delenv(f"FABRIC_CLI_{name}", raising=False)
+        for name, value in flags.items():
+            monkeypatch.setenv(f"FABRIC_CLI_{name.upper()}", value)
+
+    return set_flags
+
+
+def test_cli_flags_read_only_fabric_cli_variables(under_cli: Any) -> None:
+    under_cli()
+    assert _cli_flags() == {}
+    under_cli(accelerator="cpu", num_nodes="1", precision="16-true")
+    assert _cli_flags() == {"accelerator": "cpu", "num_nodes": "1", "precision": "16-true"}
+
+
+def test_not_under_cli() -> None:
+    fabric = Fabric(accelerator="cpu")
+    assert fabric._under_cli is False
+
+
+def test_defaults_in_code_take_cli_values(under_cli: Any) -> None:
+    under_cli(accelerator="cpu", strategy="auto", devices="1", num_nodes="1", precision="bf16-true")
+    fabric = Fabric()
+    assert fabric._under_cli is True
+    assert isinstance(fabric.accelerator, CPUAccelerator)
+    assert isinstance(fabric.strategy, SingleDeviceStrategy)
+    assert isinstance(fabric.strategy.precision, HalfPrecision)
+
+
+@pytest.mark.parametrize(
+    ("flag", "cli_value", "code_value"),
+    [
+        ("precision", "32-true", "bf16-mixed"),
+        ("precision", "bf16-mixed", 16),
+        ("accelerator", "cpu", "cuda"),
+        ("accelerator", "cpu", "gpu"),
+        ("strategy", "ddp", "single_device"),
+        ("devices", "2", 3),
+        ("devices", "2", "0,1,2"),
+        ("num_nodes", "2", 3),
+    ],
+)
+def test_code_contradicting_cli_raises(under_cli: Any, flag: str, cli_value: str, code_value: Any) -> None:
+    under_cli(**{flag: cli_value})
+    option = "--" + flag.replace("_", "-")
+    message = (
+        f"Fabric({flag}={code_value!r}) contradicts 'fabric run {option} {cli_value}'. Set it in one place: "
+        "remove it from the code or from the command."
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Fabric(**{flag: code_value})
+
+
+def test_contradicting_instance_is_named_by_its_class(under_cli: Any) -> None:
+    under_cli(strategy="single_device")
+    with pytest.raises(ValueError, match=re.escape("Fabric(strategy=DDPStrategy()) contradicts 'fabric run --strat")):
+        Fabric(strategy=DDPStrategy())
+
+
+@pytest.mark.parametrize(
+    ("flag", "cli_value", "code_value"),
+    [
+        ("precision", "bf16-mixed", "bf16-mixed"),
+        ("precision", "bf16", "bf16-mixed"),
+        ("precision", "32-true", 32),
+        ("accelerator", "cpu", "cpu"),
+        ("accelerator", "auto", "cpu"),
+        ("strategy", "auto", "single_device"),
+        ("strategy", "single_device", "single_device"),
+        ("devices", "1", 1),
+        ("devices", "1", "1"),
+        ("num_nodes", "1", 1),
+    ],
+)
+def test_code_agreeing_with_cli_is_fine(under_cli: Any, flag: str, cli_value: str, code_value: Any) -> None:
+    under_cli(**{flag: cli_value})
+    kwargs = {"accelerator": "cpu", flag: code_value}
+    fabric = Fabric(**kwargs)
+    assert fabric._under_cli is True
+
+
+def test_accelerator_instance_agreeing_with_cli(under_cli: Any) -> None:
+    under_cli(accelerator="cpu")
+    assert isinstance(Fabric(accelerator=CPUAccelerator()).accelerator, CPUAccelerator)
+
+
+def test_cli_precision_applies(under_cli: Any) -> None:
+    under_cli(accelerator="cpu", precision="bf16-mixed")
+    assert isinstance(Fabric().strategy.precision, MixedPrecision)
+
+
+def test_garbled_cli_count(under_cli: Any) -> None:
+    under_cli(num_nodes="two")
+    with pytest.raises(ValueError, match=re.escape("FABRIC_CLI_NUM_NODES='two': `fabric run` sets this to a count")):
+        Fabric(accelerator="cpu")
+
+
+@pytest.fixture
+def torchrun_world_of_one(monkeypatch: pytest.MonkeyPatch, under_cli: Any) -> None:
+    """What `fabric run --accelerator cpu --strategy ddp` gives a process: torchrun's variables and the CLI's."""
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    under_cli(accelerator="cpu", strategy="ddp", devices="1", num_nodes="1")
+
+
+def test_under_cli_a_script_without_launch_works(torchrun_world_of_one: None) -> None:
+    fabric = Fabric()
+    assert isinstance(fabric.strategy, DDPStrategy)
+    assert fabric.strategy.requires_launch
+    assert fabric.all_reduce(torch.tensor(2.0), reduce_op="sum").item() == 2.0
+    assert fabric.world_size == 1
+
+
+def test_under_cli_launch_only_joins_the_group(torchrun_world_of_one: None) -> None:
+    fabric = Fabric()
+    assert fabric.launch() is None
+    assert fabric.strategy.launcher is None
+    assert fabric.all_reduce(torch.tensor(3.0), reduce_op="sum").item() == 3.0
+
+
+def test_without_cli_ddp_still_needs_launch(monkeypatch: pytest.MonkeyPatch, under_cli: Any) -> None:
+    under_cli()
+    fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2)
+    with pytest.raises(RuntimeError, match=re.escape("fabric.barrier() was called before fabric.launch()")):
+        fabric.barrier()
