@@ -1,0 +1,179 @@
+"""Shared helpers for the benchmark scripts: statistics, fresh-subprocess runs, peer lookup, result tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MARKER = "BENCH_JSON "
+PEER_ENV = "FABRIC_BENCH_PEER_PYTHON"
+# Import names of the libraries compared.
+FRAMEWORKS = ("fabric", "lightning_fabric", "accelerate")
+
+
+@dataclass
+class Row:
+    """One line of a result table: a contender's samples and the samples of its raw-PyTorch baseline."""
+
+    label: str
+    samples: list[float]
+    baseline: list[float] | None = None
+    note: str = ""
+
+
+def median_iqr(values: Sequence[float]) -> tuple[float, float]:
+    """Median and inter-quartile range (q3 - q1) of `values`."""
+    if len(values) < 2:
+        return (values[0], 0.0) if values else (float("nan"), 0.0)
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return statistics.median(values), q3 - q1
+
+
+def emit(payload: dict) -> None:
+    """Print `payload` as the JSON line that `run_json` picks out of a worker's stdout."""
+    print(MARKER + json.dumps(payload), flush=True)
+
+
+def run_json(
+    python: str, args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 900
+) -> tuple[dict, float]:
+    """Run `python *args` in a fresh process; return its last JSON line and the process wall time (s)."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [python, *args],
+        capture_output=True,
+        text=True,
+        cwd=HERE,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+        check=False,
+    )
+    wall = time.perf_counter() - start
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(MARKER)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"{python} {' '.join(args)[:200]} exited with {proc.returncode}; stderr tail:\n{proc.stderr[-2000:]}"
+        )
+    return json.loads(lines[-1][len(MARKER) :]), wall
+
+
+def peer_python(arg: str | None) -> str | None:
+    """The interpreter that has the peers installed: --peer-python, else $FABRIC_BENCH_PEER_PYTHON, else None."""
+    return arg or os.environ.get(PEER_ENV) or None
+
+
+PROBE = (
+    "import importlib.metadata as md, importlib.util as u, json, torch\n"
+    "def v(m, d):\n"
+    "    try: return md.version(d) if u.find_spec(m) else None\n"
+    "    except Exception: return '?'\n"
+    "print('{marker}' + json.dumps({{'torch': torch.__version__, 'python': '.'.join(map(str, __import__('sys')"
+    ".version_info[:3])), 'fabric': v('fabric', 'torchfabric'), 'lightning_fabric': v('lightning_fabric', "
+    "'lightning-fabric'), 'accelerate': v('accelerate', 'accelerate')}}))"
+)
+
+
+def probe(python: str) -> dict[str, str | None]:
+    """Versions of python, torch and each framework importable by `python` (None: not importable)."""
+    # -I: the repository checkout must not shadow what the interpreter itself has installed.
+    data, _ = run_json(python, ["-I", "-c", PROBE.format(marker=MARKER)])
+    return data
+
+
+def plan_contenders(peer: str | None) -> tuple[dict[str, str], dict[str, dict], list[str]]:
+    """Which framework runs under which interpreter; the interpreters' versions; why others are skipped."""
+    interpreters = {"current": sys.executable}
+    if peer:
+        interpreters["peer"] = peer
+    versions = {name: probe(py) for name, py in interpreters.items()}
+    chosen: dict[str, str] = {}
+    skipped: list[str] = []
+    for fw in FRAMEWORKS:
+        # Our library is only measured in our interpreter; peers prefer the peer interpreter.
+        order = ["current"] if fw == "fabric" else ["peer", "current"]
+        where = next((i for i in order if i in versions and versions[i].get(fw)), None)
+        if where:
+            chosen[fw] = where
+        elif fw == "fabric":
+            skipped.append("fabric: not importable by the current interpreter (pip install -e . first)")
+        elif not peer:
+            skipped.append(f"{fw}: not importable here and no --peer-python / ${PEER_ENV} given")
+        else:
+            skipped.append(f"{fw}: not importable by {peer} (nor by the current interpreter)")
+    return {fw: interpreters[i] for fw, i in chosen.items()}, versions, skipped
+
+
+def machine_line(versions: dict[str, dict]) -> str:
+    """One line: CPU, cores, OS, and per interpreter its python/torch/framework versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with Path("/proc/cpuinfo").open() as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    parts = [f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}, load avg {load:.2f}"]
+    for name, v in versions.items():
+        libs = ", ".join(f"{k} {v[k]}" for k in FRAMEWORKS if v.get(k))
+        parts.append(f"{name} python {v['python']}: torch {v['torch']}" + (f", {libs}" if libs else ""))
+    return "machine: " + " | ".join(parts) + f" | fabric source {_source_revision()}"
+
+
+def _source_revision() -> str:
+    """The checkout's commit, '+dirty' when fabric/ has uncommitted changes (an editable install runs those)."""
+    git = ["git", "-C", str(HERE.parent)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "fabric"], capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def p10(values: Sequence[float]) -> float:
+    """10th percentile: on a shared machine, the samples least disturbed by other processes."""
+    return statistics.quantiles(values, n=10)[0] if len(values) >= 2 else values[0]
+
+
+def _vs(value: float, base: float) -> str:
+    r = value / base
+    return f"{r:.3f}x ({(r - 1) * 100:+.1f}%)"
+
+
+def print_table(title: str, rows: Sequence[Row], unit: str, scale: float = 1.0) -> None:
+    """Print median, IQR and 10th percentile, and their ratios to each row's baseline (raw, same interpreter)."""
+    print(f"\n{title}")
+    header = (
+        f"{'contender':<34} {'median ' + unit:>14} {'IQR':>8} {'p10':>10} {'n':>4} "
+        f"{'median vs base':>17} {'p10 vs base':>17}  note"
+    )
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        med, iqr = median_iqr(row.samples)
+        low = p10(row.samples)
+        ratios = ("", "")
+        if row.baseline:
+            ratios = (_vs(med, median_iqr(row.baseline)[0]), _vs(low, p10(row.baseline)))
+        print(
+            f"{row.label:<34} {med * scale:>14.1f} {iqr * scale:>8.1f} {low * scale:>10.1f} {len(row.samples):>4} "
+            f"{ratios[0]:>17} {ratios[1]:>17}  {row.note}"
+        )
+
+
+def check_target(what: str, samples: Sequence[float], baseline: Sequence[float], target: float) -> bool:
+    """Print whether the median ratio is under `target` (p10 ratio alongside, as a low-noise check)."""
+    ratio = median_iqr(samples)[0] / median_iqr(baseline)[0]
+    low = p10(samples) / p10(baseline)
+    verdict = "PASS" if ratio < target else "FAIL"
+    print(f"target: {what} < {target:.2f}x -> median {ratio:.3f}x, p10 {low:.3f}x: {verdict} (judged on the median)")
+    return ratio < target
