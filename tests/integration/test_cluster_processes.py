@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,15 @@ def test_two_kubeflow_pods_form_one_job(tmp_path: Path) -> None:
     for rank, report in enumerate(reports):
         assert report == {"environment": "KubeflowEnvironment", "launcher": True, "rank": rank, "local_rank": 0,
                           "node_rank": rank, "world_size": 2, "sum": 1.0}  # fmt: skip
+
+
+@pytest.mark.multiprocess
+def test_two_jsrun_tasks_form_one_lsf_job(tmp_path: Path) -> None:
+    host = socket.gethostname()
+    common = {"LSB_JOBID": "77", "LSB_MCPU_HOSTS": f"batch1 1 {host} 2", "JSM_NAMESPACE_SIZE": "2",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_port())}  # fmt: skip
+    envs = [{**common, "JSM_NAMESPACE_RANK": str(r), "JSM_NAMESPACE_LOCAL_RANK": str(r)} for r in range(2)]
+    reports = _run_ranks(tmp_path, envs, devices=2, num_nodes=1)
+    for rank, report in enumerate(reports):
+        assert report == {"environment": "LSFEnvironment", "launcher": True, "rank": rank, "local_rank": rank,
+                          "node_rank": 0, "world_size": 2, "sum": 1.0}  # fmt: skip
