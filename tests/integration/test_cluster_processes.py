@@ -79,3 +79,23 @@ def test_two_jsrun_tasks_form_one_lsf_job(tmp_path: Path) -> None:
     for rank, report in enumerate(reports):
         assert report == {"environment": "LSFEnvironment", "launcher": True, "rank": rank, "local_rank": rank,
                           "node_rank": 0, "world_size": 2, "sum": 1.0}  # fmt: skip
+
+
+@pytest.mark.multiprocess
+def test_two_mpirun_ranks_form_one_mpi_job(tmp_path: Path) -> None:
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (pip install torchfabric[mpi])")
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip("no mpirun next to this interpreter (pip install torchfabric[mpi] brings MPICH's)")
+    proc = subprocess.run(
+        [str(mpirun), "-n", "2", sys.executable, str(SCRIPT), str(tmp_path), "2", "1"],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report == {"environment": "MPIEnvironment", "launcher": True, "rank": rank, "local_rank": rank,
+                          "node_rank": 0, "world_size": 2, "sum": 1.0}  # fmt: skip
