@@ -177,3 +177,21 @@ def check_target(what: str, samples: Sequence[float], baseline: Sequence[float],
     verdict = "PASS" if ratio < target else "FAIL"
     print(f"target: {what} < {target:.2f}x -> median {ratio:.3f}x, p10 {low:.3f}x: {verdict} (judged on the median)")
     return ratio < target
+
+
+def contenders(baseline: str, peer_arg: str | None) -> list[tuple[str, str, str, str]]:
+    """Print the machine line and skips; return (label, python, framework, baseline label) per contender.
+
+    The raw baseline runs once per interpreter in use, so each framework is compared with raw PyTorch
+    measured by its own interpreter.
+    """
+    frameworks, versions, skipped = plan_contenders(peer_python(peer_arg))
+    print(machine_line(versions))
+    for reason in skipped:
+        print(f"skipped: {reason}")
+    rows: list[tuple[str, str, str, str]] = []
+    for interp in dict.fromkeys([sys.executable, *frameworks.values()]):
+        suffix = "" if interp == sys.executable else " (peer)"
+        rows.append((baseline + suffix, interp, "raw", baseline + suffix))
+        rows += [(f"{fw}{suffix}", interp, fw, baseline + suffix) for fw, py in frameworks.items() if py == interp]
+    return rows

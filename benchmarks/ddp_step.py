@@ -19,7 +19,8 @@ import sys
 import time
 from typing import Any
 
-from _common import HERE, Row, check_target, emit, machine_line, peer_python, plan_contenders, print_table, run_json
+from _common import HERE, Row, check_target, emit, print_table, run_json
+from _common import contenders as common_contenders
 
 # name -> (layer widths, batch size per rank, warmup steps, timed steps)
 MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {
@@ -137,15 +138,7 @@ def main() -> int:
         worker(*args.worker)
         return 0
 
-    frameworks, versions, skipped = plan_contenders(peer_python(args.peer_python))
-    print(machine_line(versions))
-    for reason in skipped:
-        print(f"skipped: {reason}")
-    contenders: list[tuple[str, str, str, str]] = []
-    for interp in dict.fromkeys([sys.executable, *frameworks.values()]):
-        base = "raw DDP" + ("" if interp == sys.executable else " (peer)")
-        contenders.append((base, interp, "raw", base))
-        contenders += [(f"{fw}{base[7:]}", interp, fw, base) for fw, py in frameworks.items() if py == interp]
+    contenders = common_contenders("raw DDP", args.peer_python)
 
     for model_name, (widths, batch, _, steps) in MODELS.items():
         samples: dict[str, list[float]] = {c[0]: [] for c in contenders}

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import Row, check_target, emit, machine_line, peer_python, plan_contenders, print_table, run_json
+from _common import Row, check_target, emit, print_table, run_json
+from _common import contenders as common_contenders
 
 # name -> (layer widths, batch size, warmup steps, repeats, steps per repeat)
 MODELS: dict[str, tuple[tuple[int, ...], int, int, int, int]] = {
@@ -145,16 +146,7 @@ def main() -> int:
         profile(args.profile)
         return 0
 
-    frameworks, versions, skipped = plan_contenders(peer_python(args.peer_python))
-    print(machine_line(versions))
-    for reason in skipped:
-        print(f"skipped: {reason}")
-    # (label, python, framework, baseline label): raw runs once per interpreter in use, as that one's baseline.
-    contenders: list[tuple[str, str, str, str]] = []
-    for interp in dict.fromkeys([sys.executable, *frameworks.values()]):
-        base = "raw torch" + ("" if interp == sys.executable else " (peer)")
-        contenders.append((base, interp, "raw", base))
-        contenders += [(f"{fw}{base[9:]}", interp, fw, base) for fw, py in frameworks.items() if py == interp]
+    contenders = common_contenders("raw torch", args.peer_python)
 
     exceeded = False
     for model_name, variant in BENCHES:
