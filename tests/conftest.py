@@ -22,6 +22,21 @@ def _clean_process_state() -> Iterator[None]:
     os.environ.update(env)
 
 
+# Every variable a scheduler or launcher sets that fabric reads: a test that needs "a plain python run"
+# removes them all, whatever the shell running pytest (an srun step, a torchrun worker) had set.
+_CLUSTER_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "MV2_", "MASTER_")
+_CLUSTER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                  "KUBERNETES_PORT", "NODE_RANK")  # fmt: skip
+
+
+@pytest.fixture
+def no_cluster_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start the test as a plain `python script.py` would: no scheduler or launcher variables."""
+    for name in list(os.environ):
+        if name.startswith(_CLUSTER_PREFIXES) or name in _CLUSTER_NAMES:
+            monkeypatch.delenv(name)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip hardware-specific tests, with the reason, where the hardware is missing."""
     skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU; none is visible")

@@ -29,23 +29,7 @@ from fabric.strategies import STRATEGY_REGISTRY
 from fabric.strategies.launchers.multiprocessing import MultiProcessingLauncher
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 
-_CLUSTER_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
-
-
-@pytest.fixture(autouse=True)
-def _no_cluster_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts as a plain `python script.py` would, whatever the shell running pytest set."""
-    for name in _CLUSTER_VARS:
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_cluster_env")
 
 
 def _torchrun_env(monkeypatch: pytest.MonkeyPatch, **overrides: str) -> None:

@@ -8,22 +8,7 @@ import torch.distributed as dist
 from fabric import Fabric
 from fabric.environments import DETECTION_ORDER, ProcessGroupEnvironment, detect_environment
 
-_VARS = (
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "WORLD_SIZE",
-)
-
-
-@pytest.fixture(autouse=True)
-def _no_cluster_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in _VARS:
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("no_cluster_env")
 
 
 def _fake_group(monkeypatch: pytest.MonkeyPatch, world_size: int, rank: int) -> None:

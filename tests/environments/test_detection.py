@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import types
 from pathlib import Path
@@ -21,9 +20,7 @@ from fabric.environments import (
     detect_environment,
 )
 
-_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "MASTER_", "MV2_")
-_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-_NAMES += ("KUBERNETES_PORT", "NODE_RANK")
+pytestmark = pytest.mark.usefixtures("no_cluster_env")
 
 SRUN = {
     "SLURM_JOB_ID": "991",
@@ -50,10 +47,7 @@ TORCHRUN = {
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(_PREFIXES) or name in _NAMES:
-            monkeypatch.delenv(name)
+def _no_mpi4py_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "mpi4py", raising=False)
 
 

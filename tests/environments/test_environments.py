@@ -10,16 +10,7 @@ from fabric import DefaultEnvironment, LightningEnvironment, TorchElasticEnviron
 from fabric.environments import DETECTION_ORDER, detect_environment
 from fabric.environments.default import find_free_port
 
-_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
+pytestmark = pytest.mark.usefixtures("no_cluster_env")
 _TORCHRUN = {
     "RANK": "5",
     "WORLD_SIZE": "8",
@@ -27,12 +18,6 @@ _TORCHRUN = {
     "MASTER_ADDR": "node0.cluster",
     "MASTER_PORT": "29500",
 }
-
-
-@pytest.fixture(autouse=True)
-def _no_cluster_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in _VARS:
-        monkeypatch.delenv(name, raising=False)
 
 
 def _set(monkeypatch: pytest.MonkeyPatch, values: dict[str, str]) -> None:

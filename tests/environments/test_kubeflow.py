@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from fabric import Fabric
 from fabric.environments import KubeflowEnvironment
 
-_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "MASTER_")
-_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-_NAMES += ("KUBERNETES_PORT", "NODE_RANK")
+pytestmark = pytest.mark.usefixtures("no_cluster_env")
 
 # Worker pod 2 of a PyTorchJob with 1 master + 3 workers (training-operator, no torchrun in the container).
 WORKER_2 = {
@@ -22,13 +18,6 @@ WORKER_2 = {
     "RANK": "3",
     "PYTHONUNBUFFERED": "1",
 }
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(_PREFIXES) or name in _NAMES:
-            monkeypatch.delenv(name)
 
 
 def _set(monkeypatch: pytest.MonkeyPatch, values: dict[str, str]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,9 +10,7 @@ from fabric import Fabric
 from fabric.environments import LSFEnvironment
 from fabric.environments import lsf as lsf_module
 
-_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "MASTER_")
-_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-_NAMES += ("KUBERNETES_PORT", "NODE_RANK")
+pytestmark = pytest.mark.usefixtures("no_cluster_env")
 
 # `bsub -nnodes 2` + `jsrun -n 2 -a 4 -g 4 python train.py`: rank 5 runs on the second compute host.
 JSRUN_RANK_5 = {
@@ -23,13 +20,6 @@ JSRUN_RANK_5 = {
     "JSM_NAMESPACE_LOCAL_RANK": "1",
     "LSB_MCPU_HOSTS": "batch3 1 h41n01 42 h41n02 42",
 }
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(_PREFIXES) or name in _NAMES:
-            monkeypatch.delenv(name)
 
 
 @pytest.fixture

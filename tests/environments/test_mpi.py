@@ -4,7 +4,6 @@ allgather, Split_type). The fake answers collectives with what the other ranks w
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import types
@@ -16,9 +15,7 @@ from fabric import Fabric
 from fabric.environments import MPIEnvironment
 from fabric.environments import mpi as mpi_module
 
-_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "MASTER_", "MV2_")
-_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-_NAMES += ("KUBERNETES_PORT", "NODE_RANK")
+pytestmark = pytest.mark.usefixtures("no_cluster_env")
 
 
 class FakeComm:
@@ -72,10 +69,7 @@ def _rank_5_of_8(monkeypatch: pytest.MonkeyPatch) -> FakeComm:
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(_PREFIXES) or name in _NAMES:
-            monkeypatch.delenv(name)
+def _no_mpi4py_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "mpi4py", raising=False)
     monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
 

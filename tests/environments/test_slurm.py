@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest
@@ -11,9 +10,7 @@ from fabric import Fabric
 from fabric.environments import SLURMEnvironment
 from fabric.environments.slurm import expand_hostlist, expand_tasks_per_node
 
-_PREFIXES = ("SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_", "MASTER_")
-_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-_NAMES += ("KUBERNETES_PORT", "NODE_RANK")
+pytestmark = pytest.mark.usefixtures("no_cluster_env")
 
 # Task 3 of `sbatch --nodes=2 --ntasks-per-node=2` + `srun python train.py`, as srun sets it (SLURM 23.x).
 SRUN_TASK_3 = {
@@ -39,13 +36,6 @@ SRUN_TASK_3 = {
     "SLURM_NODEID": "1",
     "SLURMD_NODENAME": "gpu-018",
 }
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith(_PREFIXES) or name in _NAMES:
-            monkeypatch.delenv(name)
 
 
 def _set(monkeypatch: pytest.MonkeyPatch, values: dict[str, str]) -> None:
