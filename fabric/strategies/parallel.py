@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import weakref
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -158,6 +159,7 @@ class ParallelStrategy(Strategy):
             return
         env = self.cluster_environment
         assert env is not None, "connector always sets a cluster environment"
+        _import_before_group_exists()
         _dist.init_process_group(
             self.process_group_backend,
             env.main_address,
@@ -168,9 +170,12 @@ class ParallelStrategy(Strategy):
         )
         self._owns_process_group = True
         # gloo processes that exit with a live group can abort; leave cleanly even if the user never tears down.
-        # The hook holds the group, not this strategy: the strategy is usually garbage by exit (the Fabric was a
-        # local of main()), and the group it created must still be destroyed then, but only that group.
-        atexit.register(_destroy_at_exit, dist.group.WORLD)
+        # The hook holds a weak reference to the group, not this strategy: the strategy is usually garbage by exit
+        # (the Fabric was a local of main()), and the group it created must still be destroyed then, but only that
+        # group. A strong reference would keep the group alive past destroy_process_group until interpreter
+        # finalisation, where freeing gloo's threads aborts the process ("terminate called without an active
+        # exception") in about one run in ten.
+        atexit.register(_destroy_at_exit, weakref.ref(dist.group.WORLD))
 
     def _check_existing_group(self) -> None:
         if dist.get_world_size() != self.world_size or dist.get_rank() != self.global_rank:
@@ -252,6 +257,17 @@ def _share_cpu_threads(num_processes: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_processes))
 
 
-def _destroy_at_exit(group: Any) -> None:
-    if dist.is_initialized() and dist.group.WORLD is group:
+def _import_before_group_exists() -> None:
+    """Import torch.distributed.nn before the group exists, so destroying the group frees it.
+
+    Its functions take `group=group.WORLD` as a default argument, evaluated at import. DDP imports the module
+    lazily, after the group exists, so those defaults would pin the group (and its gloo worker threads) until
+    interpreter finalisation, where a worker still releasing a finished collective's tensors aborts the process
+    ("terminate called without an active exception").
+    """
+    import torch.distributed.nn.functional  # noqa: F401
+
+
+def _destroy_at_exit(group: weakref.ref) -> None:
+    if dist.is_initialized() and group() is not None and dist.group.WORLD is group():
         dist.destroy_process_group()
