@@ -1,4 +1,5 @@
-"""`fabric run`: start a script's processes through torch's elastic launcher, with Fabric's flags from the command."""
+"""The `fabric` command line: `run` starts a script's processes through torch's elastic launcher, with Fabric's flags
+from the command; `consolidate` turns a sharded checkpoint into one file."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _port(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `fabric` command line: one sub-command, `run`."""
+    """The `fabric` command line: the sub-commands `run` and `consolidate`."""
     parser = argparse.ArgumentParser(prog="fabric", description="Command-line tools for fabric.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser(
@@ -120,13 +121,34 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="The numeric policy; unset leaves it to the script (which defaults to 32-true). Default: unset.",
     )
+    _add_consolidate(commands)
     return parser
+
+
+def _add_consolidate(commands: Any) -> None:
+    consolidate = commands.add_parser(
+        "consolidate",
+        prog="fabric consolidate",
+        help="Turn a sharded checkpoint directory into one file that torch.load reads.",
+        description=(
+            "Read a sharded (torch.distributed.checkpoint) checkpoint directory, written by any number of "
+            "processes, in this one process and write its whole content as one torch.save file of plain tensors. "
+            "Needs memory for the whole checkpoint; no GPU and no process group."
+        ),
+    )
+    consolidate.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="The sharded checkpoint directory.")
+    consolidate.add_argument("output", metavar="OUTPUT_FILE", help="The file to write (atomically).")
+    consolidate.add_argument(
+        "--force", action="store_true", help="Replace OUTPUT_FILE if it exists. Default: refuse to overwrite it."
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `fabric` console script and of `python -m fabric`."""
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.command == "consolidate":
+        return _consolidate(args)
     try:
         return _run(args)
     except _CLIError as err:
@@ -260,4 +282,31 @@ def _torchrun(torchrun_argv: list[str]) -> int:
     except Exception as err:  # rendezvous timeouts and similar: one line instead of torch's traceback
         print(f"fabric run: torch.distributed.run failed: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _consolidate(args: argparse.Namespace) -> int:
+    """`fabric consolidate`: the checks that need no torch.distributed first, then the conversion."""
+    output = Path(args.output)
+    try:
+        if output.is_dir():
+            raise _CLIError(f"OUTPUT_FILE {args.output!r} is a directory. Name a file, such as model.pt.")
+        if output.exists() and not args.force:
+            raise _CLIError(
+                f"OUTPUT_FILE {args.output!r} already exists, and consolidating would replace it. Choose another "
+                "name, or pass --force to replace it."
+            )
+        from fabric.io.torch_io import TorchCheckpointIO
+        from fabric.strategies import _sharded_checkpoint
+
+        try:
+            whole = _sharded_checkpoint.consolidate(args.checkpoint)
+        except (OSError, ValueError, RuntimeError) as err:
+            raise _CLIError(str(err)) from None
+        # TorchCheckpointIO writes to a temporary file and renames it: no half-written OUTPUT_FILE on failure.
+        TorchCheckpointIO().save_checkpoint(whole, output)
+    except _CLIError as err:
+        print(f"fabric consolidate: {err}", file=sys.stderr)
+        return 2
+    print(f"fabric consolidate: wrote {args.output} ({', '.join(map(str, whole))})")
     return 0

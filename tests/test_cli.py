@@ -344,3 +344,84 @@ def test_without_cli_ddp_still_needs_launch(monkeypatch: pytest.MonkeyPatch, und
     fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2)
     with pytest.raises(RuntimeError, match=re.escape("fabric.barrier() was called before fabric.launch()")):
         fabric.barrier()
+
+
+# -- fabric consolidate ------------------------------------------------------------------------------
+@pytest.fixture
+def sharded_dir(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
+    import warnings
+
+    from fabric.strategies import _sharded_checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's note that it runs without a process group
+        _sharded_checkpoint.save_sharded(tmp_path / "ckpt", {"model": model, "step": 4}, None, 1, 0, lambda: None)
+    return tmp_path / "ckpt", model
+
+
+def test_consolidate_as_a_subprocess_writes_a_file_torch_load_reads(sharded_dir: tuple[Path, Any]) -> None:
+    import subprocess
+    import sys
+
+    folder, model = sharded_dir
+    output = folder.parent / "model.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "fabric", "consolidate", str(folder), str(output)],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {output}" in done.stdout
+    whole = torch.load(output)
+    assert whole["step"] == 4
+    plain = torch.nn.Linear(3, 2)
+    plain.load_state_dict(whole["model"])
+    assert torch.equal(plain.weight, model.weight) and torch.equal(plain.bias, model.bias)
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["ckpt", "model.pt"], "no temporary file left"
+
+
+def test_consolidate_refuses_to_overwrite_unless_forced(
+    sharded_dir: tuple[Path, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = sharded_dir[0]
+    output = folder.parent / "model.pt"
+    output.write_text("precious")
+    assert cli.main(["consolidate", str(folder), str(output)]) == 2
+    assert "already exists, and consolidating would replace it" in capsys.readouterr().err
+    assert output.read_text() == "precious"
+    assert cli.main(["consolidate", "--force", str(folder), str(output)]) == 0
+    assert torch.load(output)["step"] == 4
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda folder: folder / "missing", "no checkpoint exists at this path"),
+        (lambda folder: ((folder / ".metadata").unlink(), folder)[1], r"incomplete: \.metadata is missing"),
+        (lambda folder: ((folder / "__0_0.distcp").unlink(), folder)[1], "incomplete: missing files: __0_0.distcp"),
+        (lambda folder: folder / ".metadata", "this is a file; only a sharded checkpoint directory"),
+    ],
+)
+def test_consolidate_bad_input(
+    sharded_dir: tuple[Path, Any], capsys: pytest.CaptureFixture[str], damage: Any, message: str
+) -> None:
+    source = damage(sharded_dir[0])
+    output = sharded_dir[0].parent / "model.pt"
+    assert cli.main(["consolidate", str(source), str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fabric consolidate: consolidate(") and re.search(message, err), err
+    assert not output.exists()
+
+
+def test_consolidate_output_is_a_directory(sharded_dir: tuple[Path, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    folder = sharded_dir[0]
+    assert cli.main(["consolidate", str(folder), str(folder.parent)]) == 2
+    assert "is a directory. Name a file" in capsys.readouterr().err
+
+
+def test_consolidate_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["consolidate", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "CHECKPOINT_DIR" in text and "OUTPUT_FILE" in text and "--force" in text

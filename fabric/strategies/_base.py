@@ -177,7 +177,15 @@ class _StrategyComponents:
     def load_checkpoint(
         self, path: str | Path, state: dict[str, Any] | Module | Optimizer | None = None, strict: bool = True
     ) -> dict[str, Any]:
-        """Every process reads the file and restores `state` in place; returns what was not consumed."""
+        """Every process reads the file and restores `state` in place; returns what was not consumed.
+
+        A sharded checkpoint directory (written by FSDP or model-parallel processes, on any number of them) is
+        read through torch.distributed.checkpoint, which gathers the shards this process needs.
+        """
+        from fabric.strategies import _sharded_checkpoint
+
+        if _sharded_checkpoint.is_sharded_checkpoint(path):
+            return _sharded_checkpoint.load(path, state, strict)
         checkpoint = self.checkpoint_io.load_checkpoint(path)
         if state is None:
             return checkpoint

@@ -1,0 +1,295 @@
+"""Checkpoints of sharded models: torch.distributed.checkpoint (DCP) directories or full files; load, consolidate.
+
+torch.distributed.checkpoint is imported inside the functions: it is slow to import, and `import fabric` stays cheap.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from fabric.strategies import _sharded_files as files
+from fabric.strategies import _sharded_state as states
+
+if TYPE_CHECKING:
+    from fabric.io.checkpoint_io import CheckpointIO
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a DCP checkpoint directory (complete or not: loading it names what is missing)."""
+    return files.is_dcp_directory(Path(path))
+
+
+def save_sharded(
+    path: str | Path,
+    state: dict[str, Any],
+    filter: dict[str, Callable[[str, Any], bool]] | None,
+    world_size: int,
+    global_rank: int,
+    barrier: Callable[[], None],
+) -> None:
+    """Every rank writes its shards into a staging directory; once all are written, rank 0 swaps it into place."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint import save as dcp_save
+
+    path = Path(path)
+    if path.is_file():
+        raise FileExistsError(
+            f"save({str(path)!r}): a file exists at this path, and a sharded checkpoint is a directory. Choose "
+            "another path, or remove the file first."
+        )
+    converted = states.convert("save", state, filter, full=False)
+    if global_rank == 0:
+        files.prepare_staging(path)
+    barrier()
+    try:
+        with _quiet_single_process(), _reported("save", path, "writing"):
+            dcp_save(converted, storage_writer=FileSystemWriter(files.staging_dir(path)), no_dist=world_size == 1)
+    except BaseException:
+        # DCP reports a failure of any rank's write on every rank, so every rank gets here.
+        if global_rank == 0:
+            files.discard_staging(path)
+        raise
+    barrier()
+    if global_rank == 0:
+        files.swap_into_place(path)
+    barrier()
+
+
+def save_full(
+    path: str | Path,
+    state: dict[str, Any],
+    filter: dict[str, Callable[[str, Any], bool]] | None,
+    checkpoint_io: CheckpointIO,
+    is_global_zero: bool,
+) -> None:
+    """Every rank takes part in gathering the whole state onto rank 0, which writes one file."""
+    converted = states.convert("save", state, filter, full=True)
+    if is_global_zero:
+        checkpoint_io.save_checkpoint(converted, path)
+
+
+def load(path: str | Path, state: dict[str, Any] | Module | Optimizer | None, strict: bool) -> dict[str, Any]:
+    """Restore `state` in place from a DCP directory or a full file; return the entries `state` did not ask for."""
+    path = Path(path)
+    if not path.exists():
+        raise files.missing_path_error(path)
+    if path.is_dir():
+        return _load_sharded(path, state, strict)
+    return _load_full(path, state, strict)
+
+
+def consolidate(path: str | Path) -> dict[str, Any]:
+    """One process, no process group: read a whole DCP directory into a nested dict of regular tensors."""
+    path = Path(path)
+    if not path.exists():
+        raise files.missing_path_error(path, "consolidate")
+    if path.is_file():
+        raise ValueError(
+            f"consolidate({str(path)!r}): this is a file; only a sharded checkpoint directory needs consolidating. "
+            "Load the file with torch.load directly."
+        )
+    files.read_checked_metadata(path, "consolidate")
+    return _read_entries(path, keys=None, distributed=False)
+
+
+# -- sharded directories ------------------------------------------------------------------------------
+class _Layout:
+    """What a checkpoint holds, from its metadata: each flat DCP key's top-level key and saved shape."""
+
+    def __init__(self, metadata: Any) -> None:
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        mapping = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+        self.top: dict[str, str] = {flat: str(mapping.get(flat, (flat,))[0]) for flat in metadata.state_dict_metadata}
+        self.shapes: dict[str, tuple[int, ...] | None] = {
+            flat: tuple(meta.size) if isinstance(meta, TensorStorageMetadata) else None
+            for flat, meta in metadata.state_dict_metadata.items()
+        }
+
+    @property
+    def keys(self) -> set[str]:
+        return set(self.top.values())
+
+    def under(self, key: str) -> dict[str, tuple[int, ...] | None]:
+        """The saved shapes of one top-level entry, named relative to it (as the object's own state dict is)."""
+        return {flat[len(key) + 1 :]: self.shapes[flat] for flat, top in self.top.items() if top == key}
+
+
+def _load_sharded(path: Path, state: dict[str, Any] | Module | Optimizer | None, strict: bool) -> dict[str, Any]:
+    layout = _Layout(files.read_checked_metadata(path))
+    if state is None:
+        return _read_entries(path, keys=None, distributed=states.distributed())
+    target = states.unwrap(state)
+    if isinstance(target, Module):
+        return _load_raw_module(path, target, layout, strict)
+    if isinstance(target, Optimizer):
+        raise TypeError(
+            f"load_raw({str(path)!r}, optimizer): a sharded checkpoint stores optimizer state by parameter name, "
+            "so it cannot be loaded without its module. Use fabric.load(path, {'model': model, 'optimizer': "
+            "optimizer}) with the keys it was saved under."
+        )
+    if not isinstance(state, dict):
+        raise _state_type_error(state)
+    _check_missing(path, state, layout.keys, strict)
+    present = {key: value for key, value in state.items() if key in layout.keys}
+    targets = states.load_targets("load", present)
+    for key, target_sd in targets.items():
+        _check_entry(path, key, target_sd, layout, strict, isinstance(states.unwrap(state[key]), Module))
+    if targets:
+        _read_into(path, targets, strict)
+        states.apply_loaded("load", state, targets, strict, full=False)
+    rest = layout.keys - set(targets)
+    values = _read_entries(path, keys=rest, distributed=states.distributed()) if rest else {}
+    return _restore_plain(state, values, skip=set(targets))
+
+
+def _load_raw_module(path: Path, module: Module, layout: _Layout, strict: bool) -> dict[str, Any]:
+    """load_raw: the whole checkpoint is one module's state dict, keyed by its parameter names."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    target = get_model_state_dict(module)
+    saved = dict(layout.shapes)
+    states.check_keys(str(path), "state dict", set(target), set(saved), strict, is_module=True)
+    states.check_shapes(str(path), target, saved)
+    _read_into(path, target, strict)
+    set_model_state_dict(module, target, options=states.load_options(False, strict))
+    return {}
+
+
+def _state_type_error(state: object) -> TypeError:
+    return TypeError(
+        f"load(state={type(state).__name__}): the state must be a dict such as {{'model': model, 'optimizer': "
+        "optimizer}, a module or an optimizer. Wrap your objects in a dict."
+    )
+
+
+def _check_missing(path: Path, state: dict[str, Any], saved: set[str], strict: bool) -> None:
+    missing = [key for key in state if key not in saved]
+    if missing and strict:
+        raise KeyError(
+            f"load({str(path)!r}, state with keys {sorted(state)}): the checkpoint has no entry for {missing}; it "
+            f"holds {sorted(saved)}. Load with strict=False to skip missing entries, or fix the keys."
+        )
+
+
+def _check_entry(path: Path, key: str, target: dict[str, Any], layout: _Layout, strict: bool, is_module: bool) -> None:
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    expected, _ = flatten_state_dict({key: target})
+    expected = {flat[len(key) + 1 :]: value for flat, value in expected.items()}
+    saved = layout.under(key)
+    where = f"{path}[{key!r}]"
+    states.check_keys(where, key, set(expected), set(saved), strict, is_module)
+    states.check_shapes(where, expected, saved)
+
+
+def _read_into(path: Path, targets: dict[str, Any], strict: bool) -> None:
+    """DCP reads each rank's part of the saved tensors straight into `targets` (resharding as needed)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint import load as dcp_load
+
+    planner = DefaultLoadPlanner(allow_partial_load=not strict)
+    with _quiet_single_process(), _reported("load", path, "reading"):
+        dcp_load(targets, storage_reader=FileSystemReader(path), planner=planner)
+
+
+def _read_entries(path: Path, keys: set[str] | None, distributed: bool) -> dict[str, Any]:
+    """Whole entries rebuilt from the metadata (regular tensors, unsharded), for values that are not modules."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    # The private loader is what torch's own dcp_to_torch_save uses: the public load() fills a copy of the
+    # top-level dict, so entries rebuilt from the metadata would be lost.
+    entries: dict[str, Any] = {}
+    planner = _EmptyStateDictLoadPlanner(keys=keys)
+    with _reported("load", path, "reading"):
+        _load_state_dict(entries, storage_reader=FileSystemReader(path), planner=planner, no_dist=not distributed)
+    return entries
+
+
+def _restore_plain(state: dict[str, Any], values: dict[str, Any], skip: set[str]) -> dict[str, Any]:
+    """Objects with load_state_dict load their entry; plain values are replaced; the rest is returned."""
+    for key in list(state):
+        if key in skip or key not in values:
+            continue
+        target = states.unwrap(state[key])
+        if callable(getattr(target, "load_state_dict", None)):
+            target.load_state_dict(values.pop(key))
+        else:
+            state[key] = values.pop(key)
+    return values
+
+
+# -- full files -------------------------------------------------------------------------------------
+def _load_full(path: Path, state: dict[str, Any] | Module | Optimizer | None, strict: bool) -> dict[str, Any]:
+    # mmap: each rank maps the file instead of reading a full copy of every tensor into memory.
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    if state is None:
+        return checkpoint
+    target = states.unwrap(state)
+    if isinstance(target, Module):
+        _load_full_module(path, "state dict", target, checkpoint, strict)
+        return {}
+    if isinstance(target, Optimizer):
+        target.load_state_dict(checkpoint)
+        return {}
+    if not isinstance(state, dict):
+        raise _state_type_error(state)
+    _check_missing(path, state, set(checkpoint), strict)
+    remainder = dict(checkpoint)
+    optimizers: dict[str, dict[str, Any]] = {}
+    for key in state:
+        obj = states.unwrap(state[key])
+        if key not in remainder:
+            continue
+        if isinstance(obj, Module):
+            _load_full_module(path, key, obj, remainder.pop(key), strict)
+        elif isinstance(obj, Optimizer):
+            optimizers[key] = remainder.pop(key)
+    states.apply_loaded("load", state, optimizers, strict, full=states.distributed())
+    return _restore_plain(state, remainder, skip=set(optimizers))
+
+
+def _load_full_module(path: Path, key: str, module: Module, saved: dict[str, Any], strict: bool) -> None:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    expected = get_model_state_dict(module)
+    where = f"{path}[{key!r}]"
+    states.check_keys(where, key, set(expected), set(saved), strict, is_module=True)
+    states.check_shapes(where, expected, {name: states.global_shape(value) for name, value in saved.items()})
+    full = states.distributed()  # each rank keeps its own shard of the full tensors
+    set_model_state_dict(module, dict(saved), options=states.load_options(full, strict))
+
+
+@contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns each time it runs without a process group; in one process that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+@contextmanager
+def _reported(op: str, path: Path, doing: str) -> Iterator[None]:
+    """DCP's CheckpointException derives from BaseException (so `except Exception` misses it) and prints whole
+    tracebacks; turn it into one RuntimeError that names each failing rank's error."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        causes = "; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in err.failures.items())
+        after = "The checkpoint at this path was not changed. " if op == "save" else ""
+        raise RuntimeError(
+            f"{op}({str(path)!r}): {doing} the sharded checkpoint failed ({causes}). {after}Fix the cause (for "
+            "example, remove objects that cannot be pickled from the state) and try again."
+        ) from err
