@@ -10,7 +10,12 @@ from fabric.accelerators import (
 from fabric.environments import (
     ClusterEnvironment,
     DefaultEnvironment,
+    KubeflowEnvironment,
     LightningEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
+    ProcessGroupEnvironment,
+    SLURMEnvironment,
     TorchElasticEnvironment,
 )
 from fabric.fabric import Fabric

@@ -388,7 +388,7 @@ class Fabric:
         """Log several metrics to every logger (from global rank 0 only)."""
         if not self._loggers or not self.is_global_zero:
             return
-        values = {k: (v.item() if isinstance(v, Tensor) else v) for k, v in metrics.items()}
+        values = {k: _scalar(k, v) for k, v in metrics.items()}
         for logger in self._loggers:
             logger.log_metrics(values, step=step)
 
@@ -396,6 +396,18 @@ class Fabric:
     def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
         """Seed python, numpy and torch; with `workers` (default True) dataloader workers are seeded too."""
         return _seed_everything(seed, workers=True if workers is None else workers, verbose=verbose)
+
+
+def _scalar(name: str, value: Any) -> Any:
+    """A logged tensor as a Python number; loggers store numbers, not tensors."""
+    if not isinstance(value, Tensor):
+        return value
+    if value.numel() != 1:
+        raise ValueError(
+            f"fabric.log({name!r}, tensor of shape {list(value.shape)}): a metric must be one number, but this "
+            f"tensor holds {value.numel()} values. Reduce it first, e.g. value.mean(), or log each element by name."
+        )
+    return value.item()
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -473,6 +473,23 @@ def test_log_and_log_dict_reach_every_logger_as_numbers() -> None:
     assert fabric.loggers == [first, second]
 
 
+def test_logging_a_tensor_of_several_values_names_it() -> None:
+    fabric = _fabric(loggers=[_FakeLogger()])
+    with pytest.raises(
+        ValueError,
+        match=r"fabric.log\('acc', tensor of shape \[3\]\): a metric must be one number, "
+        r"but this tensor holds 3 values. Reduce it first",
+    ):
+        fabric.log("acc", torch.ones(3))
+
+
+def test_every_public_name_imports_from_the_package() -> None:
+    import fabric as package
+
+    missing = [name for name in package.__all__ if not hasattr(package, name)]
+    assert missing == [], f"fabric.__all__ lists names the package does not define: {missing}"
+
+
 def test_logger_without_loggers() -> None:
     fabric = _fabric()
     with pytest.raises(RuntimeError, match=r"fabric.logger: no logger was configured. Pass loggers="):
