@@ -2,6 +2,9 @@
 
 from fabric.registry import Registry
 from fabric.strategies.ddp import DDPStrategy
+from fabric.strategies.deepspeed import DeepSpeedStrategy
+from fabric.strategies.fsdp import FSDPStrategy
+from fabric.strategies.model_parallel import ModelParallelStrategy
 from fabric.strategies.parallel import ParallelStrategy
 from fabric.strategies.single_device import SingleDeviceStrategy
 from fabric.strategies.strategy import Strategy
@@ -24,5 +27,29 @@ for _name, (_method, _what) in _DDP_LAUNCHES.items():
             start_method=_method,
             find_unused_parameters=_flag,
         )
+STRATEGY_REGISTRY.register("fsdp", FSDPStrategy, "FSDP2 (fully_shard): parameters, gradients, optimizer state sharded")
+STRATEGY_REGISTRY.register("fsdp_cpu_offload", FSDPStrategy, "fsdp with shards kept in CPU memory", cpu_offload=True)
 
-__all__ = ["STRATEGY_REGISTRY", "DDPStrategy", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]
+_DEEPSPEED_VARIANTS: dict[str, tuple[str, dict]] = {
+    "deepspeed": ("DeepSpeed ZeRO stage 2 (optimizer state and gradients sharded)", {}),
+    "deepspeed_stage_1": ("DeepSpeed ZeRO stage 1: optimizer state sharded", {"stage": 1}),
+    "deepspeed_stage_2": ("DeepSpeed ZeRO stage 2: optimizer state and gradients sharded", {"stage": 2}),
+    "deepspeed_stage_2_offload": ("deepspeed_stage_2 with the optimizer in CPU memory",
+                                  {"stage": 2, "offload_optimizer": True}),
+    "deepspeed_stage_3": ("DeepSpeed ZeRO stage 3: parameters sharded too", {"stage": 3}),
+    "deepspeed_stage_3_offload": ("deepspeed_stage_3 with parameters and optimizer in CPU memory",
+                                  {"stage": 3, "offload_optimizer": True, "offload_parameters": True}),
+}  # fmt: skip
+for _name, (_what, _kwargs) in _DEEPSPEED_VARIANTS.items():
+    STRATEGY_REGISTRY.register(_name, DeepSpeedStrategy, _what, **_kwargs)
+
+__all__ = [
+    "STRATEGY_REGISTRY",
+    "DDPStrategy",
+    "DeepSpeedStrategy",
+    "FSDPStrategy",
+    "ModelParallelStrategy",
+    "ParallelStrategy",
+    "SingleDeviceStrategy",
+    "Strategy",
+]

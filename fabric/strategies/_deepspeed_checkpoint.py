@@ -1,0 +1,124 @@
+"""DeepSpeed checkpoint directories: recognising them, checking their rank files, consolidating them.
+
+Layout written by `DeepSpeedStrategy.save_checkpoint` (DeepSpeed's native format, tag `checkpoint`):
+
+    path/latest                                         the tag name
+    path/checkpoint/mp_rank_00_model_states.pt          stages 0-2: full weights + client state
+    path/checkpoint/zero_pp_rank_R_mp_rank_00_*.pt      one optimizer (and, for stage 3, model) shard per rank R
+    path/zero_to_fp32.py                                DeepSpeed's own offline consolidation script
+
+Only `consolidate_deepspeed` imports deepspeed, and only when called.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TAG = "checkpoint"
+# Client-state entries fabric itself adds, to know later which state keys held the model and the optimizer.
+MODULE_KEY = "_fabric_module_key"
+OPTIMIZER_KEY = "_fabric_optimizer_key"
+_PRIVATE = (MODULE_KEY, OPTIMIZER_KEY)
+# What DeepSpeed stores next to the client state in the model-states file.
+_DEEPSPEED_ENTRIES = frozenset({
+    "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "frozen_param_fragments",
+    "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names", "skipped_steps", "global_steps",
+    "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version", "shared_params",
+    "ds_autotp_universal_checkpoint",
+})  # fmt: skip
+_RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+
+
+def is_deepspeed_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a directory that DeepSpeed's `save_checkpoint` wrote."""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    tag = _read_tag(path)
+    tag_dir = path / tag if tag else None
+    return tag_dir is not None and tag_dir.is_dir() and any(tag_dir.glob("*model_states.pt"))
+
+
+def tag_dir(path: str | Path, operation: str = "load") -> Path:
+    """The directory of the tag named in `path/latest`; a clear error when this is no DeepSpeed checkpoint."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{operation}({str(path)!r}): no such checkpoint. Check the path.")
+    if not is_deepspeed_checkpoint(path):
+        raise ValueError(
+            f"{operation}({str(path)!r}): not a DeepSpeed checkpoint directory (it needs a 'latest' file naming a "
+            "folder with *model_states.pt files, as fabric.save with strategy='deepspeed' writes). Pass such a "
+            "directory; a plain checkpoint file loads with the strategy that wrote it."
+        )
+    return path / _read_tag(path)  # type: ignore[operator]
+
+
+def read_model_states(directory: Path) -> dict[str, Any]:
+    """The first model-states file: DeepSpeed's metadata (world size, stage) and the client state."""
+    files = sorted(directory.glob("*model_states.pt"))
+    return torch.load(files[0], map_location="cpu", weights_only=False)
+
+
+def saved_world_size(states: dict[str, Any]) -> int:
+    """How many data-parallel ranks wrote the checkpoint."""
+    return int(states.get("dp_world_size", 1))
+
+
+def saved_stage(states: dict[str, Any]) -> int:
+    """The ZeRO stage the checkpoint was written with."""
+    config = states.get("ds_config") or {}
+    zero = config.get("zero_optimization") or {}
+    return int(zero.get("stage", 0)) if isinstance(zero, dict) else 0
+
+
+def check_rank_files(directory: Path, world_size: int, path: str | Path) -> None:
+    """Every rank's optimizer shard must be there; name the first missing one."""
+    present = {int(m.group(1)) for f in directory.iterdir() if (m := _RANK_FILE.search(f.name))}
+    missing = [rank for rank in range(world_size) if rank not in present]
+    if missing:
+        name = f"zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt"
+        raise FileNotFoundError(
+            f"load({str(path)!r}): the checkpoint was written by {world_size} ranks, but the file of rank "
+            f"{missing[0]} ({directory / name}) is missing. Copy the complete checkpoint directory."
+        )
+
+
+def client_entries(states: dict[str, Any]) -> dict[str, Any]:
+    """The user's non-model, non-optimizer entries saved as DeepSpeed client state."""
+    return {k: v for k, v in states.items() if k not in _DEEPSPEED_ENTRIES and k not in _PRIVATE}
+
+
+def full_weights(path: str | Path, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
+    """The whole model's float32 state dict, assembled from every rank's shard (one process suffices)."""
+    directory = tag_dir(path)
+    states = read_model_states(directory)
+    if saved_stage(states) == 0:
+        # Without ZeRO the model-states file holds the full module already.
+        return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
+    check_rank_files(directory, saved_world_size(states), path)
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    weights = get_fp32_state_dict_from_zero_checkpoint(str(path), exclude_frozen_parameters=exclude_frozen_parameters)
+    return dict(weights)
+
+
+def consolidate_deepspeed(path: str | Path) -> dict[str, Any]:
+    """One process, no process group: a plain checkpoint dict {model key: full float32 weights, other entries}.
+
+    The optimizer state is not included: its shards are flat per-rank buffers that no plain optimizer can load.
+    """
+    directory = tag_dir(path, "consolidate")
+    states = read_model_states(directory)
+    module_key = states.get(MODULE_KEY, "model")
+    return {module_key: full_weights(path), **client_entries(states)}
+
+
+def _read_tag(path: Path) -> str | None:
+    latest = path / "latest"
+    if not latest.is_file():
+        return None
+    return latest.read_text().strip() or None
