@@ -21,7 +21,16 @@ from fabric.environments import (
 from fabric.fabric import Fabric
 from fabric.io import CheckpointIO, TorchCheckpointIO
 from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
-from fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, ParallelStrategy, SingleDeviceStrategy, Strategy
+from fabric.strategies import (
+    STRATEGY_REGISTRY,
+    DDPStrategy,
+    DeepSpeedStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    ParallelStrategy,
+    SingleDeviceStrategy,
+    Strategy,
+)
 from fabric.utilities.seed import seed_everything
 
 __version__ = "0.1.0"
@@ -35,8 +44,10 @@ __all__ = [
     "CheckpointIO",
     "ClusterEnvironment",
     "DDPStrategy",
+    "DeepSpeedStrategy",
     "DefaultEnvironment",
     "DoublePrecision",
+    "FSDPStrategy",
     "Fabric",
     "HalfPrecision",
     "KubeflowEnvironment",
@@ -45,6 +56,7 @@ __all__ = [
     "MPIEnvironment",
     "MPSAccelerator",
     "MixedPrecision",
+    "ModelParallelStrategy",
     "ParallelStrategy",
     "Precision",
     "ProcessGroupEnvironment",

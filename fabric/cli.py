@@ -285,6 +285,15 @@ def _torchrun(torchrun_argv: list[str]) -> int:
     return 0
 
 
+def _read_whole(checkpoint: str) -> dict[str, Any]:
+    """A torch.distributed.checkpoint directory or a DeepSpeed one, as one plain dict."""
+    from fabric.strategies import _deepspeed_checkpoint, _sharded_checkpoint
+
+    if _deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint):
+        return _deepspeed_checkpoint.consolidate_deepspeed(checkpoint)
+    return _sharded_checkpoint.consolidate(checkpoint)
+
+
 def _consolidate(args: argparse.Namespace) -> int:
     """`fabric consolidate`: the checks that need no torch.distributed first, then the conversion."""
     output = Path(args.output)
@@ -297,11 +306,10 @@ def _consolidate(args: argparse.Namespace) -> int:
                 "name, or pass --force to replace it."
             )
         from fabric.io.torch_io import TorchCheckpointIO
-        from fabric.strategies import _sharded_checkpoint
 
         try:
-            whole = _sharded_checkpoint.consolidate(args.checkpoint)
-        except (OSError, ValueError, RuntimeError) as err:
+            whole = _read_whole(args.checkpoint)
+        except (OSError, ValueError, RuntimeError, ImportError) as err:
             raise _CLIError(str(err)) from None
         # TorchCheckpointIO writes to a temporary file and renames it: no half-written OUTPUT_FILE on failure.
         TorchCheckpointIO().save_checkpoint(whole, output)

@@ -180,13 +180,18 @@ class _StrategyComponents:
         """Every process reads the file and restores `state` in place; returns what was not consumed.
 
         A sharded checkpoint directory (written by FSDP or model-parallel processes, on any number of them) is
-        read through torch.distributed.checkpoint, which gathers the shards this process needs.
+        read through torch.distributed.checkpoint, which gathers the shards this process needs. A DeepSpeed
+        checkpoint directory gives its consolidated model weights and other entries, not its optimizer state.
         """
-        from fabric.strategies import _sharded_checkpoint
+        from fabric.strategies import _deepspeed_checkpoint, _sharded_checkpoint
 
         if _sharded_checkpoint.is_sharded_checkpoint(path):
             return _sharded_checkpoint.load(path, state, strict)
-        checkpoint = self.checkpoint_io.load_checkpoint(path)
+        if _deepspeed_checkpoint.is_deepspeed_checkpoint(path):
+            # Model weights and the other entries; ZeRO's flat optimizer shards fit no plain optimizer.
+            checkpoint = _deepspeed_checkpoint.consolidate_deepspeed(path)
+        else:
+            checkpoint = self.checkpoint_io.load_checkpoint(path)
         if state is None:
             return checkpoint
         if isinstance(state, (Module, Optimizer)):

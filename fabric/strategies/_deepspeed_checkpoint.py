@@ -28,7 +28,7 @@ _DEEPSPEED_ENTRIES = frozenset({
     "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "frozen_param_fragments",
     "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names", "skipped_steps", "global_steps",
     "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version", "shared_params",
-    "ds_autotp_universal_checkpoint",
+    "ds_autotp_universal_checkpoint", "checkpoint_parallel_dimensions",
 })  # fmt: skip
 _RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
