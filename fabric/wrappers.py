@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from torch import Tensor
@@ -39,6 +41,11 @@ class _FabricModule(Module):
         self._precision = precision
         # Only hooked when a plain loss.backward() would silently be wrong; otherwise zero cost.
         self._backward_state = backward_state
+        from fabric._forward_methods import default_forward_methods
+
+        # Methods routed through the wrapped forward (see fabric/_forward_methods.py), and those checked once.
+        self._forward_methods = default_forward_methods(original_module)
+        self._checked_methods: set[str] = set()
         self._fabric_module_initialized = True
 
     @property
@@ -60,6 +67,14 @@ class _FabricModule(Module):
             _hook_outputs(output, self._backward_state)
         return output
 
+    def mark_forward_method(self, method: str | Callable[..., Any]) -> None:
+        """Run this method of your module through the strategy's wrapped forward, like forward itself."""
+        from fabric._forward_methods import check_markable
+
+        name = method if isinstance(method, str) else method.__name__
+        check_markable(self._original_module, name)
+        self._forward_methods.add(name)
+
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         """The user's module's state dict, without wrapper prefixes."""
         return self._original_module.state_dict(*args, **kwargs)
@@ -72,8 +87,19 @@ class _FabricModule(Module):
         # Module.__getattr__ only finds parameters, buffers and submodules; everything else is the user's.
         if name in ("_forward_module", "_original_module") or "_fabric_module_initialized" not in self.__dict__:
             return super().__getattr__(name)
-        original = super().__getattr__("_original_module")
-        return getattr(original, name)
+        original: Module = self.__dict__["_modules"]["_original_module"]
+        attribute = getattr(original, name)
+        if not callable(attribute) or name.startswith("_"):
+            return attribute
+        from fabric import _forward_methods
+
+        if name in self.__dict__["_forward_methods"]:
+            return partial(_forward_methods.call_through_forward, self.forward, original, name)
+        checked = self.__dict__["_checked_methods"]
+        wrapped = self.__dict__["_forward_call"] is not original
+        if wrapped and name not in checked and getattr(attribute, "__self__", None) is original:
+            return _forward_methods.tracked(original, name, attribute, checked)
+        return attribute
 
     def __setattr__(self, name: str, value: Any) -> None:
         if "_fabric_module_initialized" not in self.__dict__ or name in self.__dict__:

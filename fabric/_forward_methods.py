@@ -1,0 +1,87 @@
+"""Running a module's other methods (training_step, generate, ...) through the strategy's wrapped forward.
+
+DDP, DeepSpeed and FSDP do their work (gradient sync hooks, gathering shards) when the *wrapped* module is called.
+A method such as `model.training_step(batch)` is looked up on the user's module, so without routing it would run
+outside that wrapper: under DDP its gradients would silently not be averaged across processes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from torch.nn import Module
+
+# Routed automatically when the user's module defines them: the names Lightning users already write.
+STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
+_MISSING = object()
+
+
+def default_forward_methods(module: Module) -> set[str]:
+    """The step methods `module` defines, which are routed through the wrapped forward without being marked."""
+    return {name for name in STEP_METHODS if callable(getattr(type(module), name, None))}
+
+
+def check_markable(module: Module, name: str) -> None:
+    """Refuse names that cannot be routed, with the reason."""
+    if name == "forward":
+        raise ValueError(
+            "mark_forward_method('forward'): forward already runs through the strategy. Mark your other methods, "
+            "such as 'generate'."
+        )
+    if not callable(getattr(module, name, None)):
+        raise AttributeError(
+            f"mark_forward_method({name!r}): {type(module).__name__} has no method named {name!r}. Pass the name "
+            "of a method defined on the module you gave to fabric.setup()."
+        )
+
+
+def call_through_forward(wrapper_forward: Callable[..., Any], module: Module, name: str, *args: Any, **kw: Any) -> Any:
+    """Call `module.<name>(*args)` as if it were `forward`, so the strategy's wrapper runs around it.
+
+    For this one call the module's `forward` is replaced by a function that puts the real forward back and then
+    runs the method, so calls to `self(...)` inside the method reach the real forward.
+    """
+    method = getattr(module, name)
+    saved = module.__dict__.get("forward", _MISSING)
+
+    def restore() -> None:
+        if saved is _MISSING:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = saved
+
+    def forward_once(*inner_args: Any, **inner_kwargs: Any) -> Any:
+        restore()
+        return method(*inner_args, **inner_kwargs)
+
+    module.__dict__["forward"] = forward_once
+    try:
+        return wrapper_forward(*args, **kw)
+    finally:
+        restore()
+
+
+def tracked(module: Module, name: str, method: Callable[..., Any], done: set[str]) -> Callable[..., Any]:
+    """`method`, which warns (once per name) if it runs the module's layers outside the strategy's wrapper."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        done.add(name)
+        bypassed: list[str] = []
+        hooks = [m.register_forward_pre_hook(lambda m, _: bypassed.append(type(m).__name__)) for m in module.modules()]
+        try:
+            return method(*args, **kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+            if bypassed:
+                warnings.warn(
+                    f"{type(module).__name__}.{name}() ran layers ({bypassed[0]}, ...) outside the strategy's wrapped "
+                    "forward, so the strategy did not see them (under DDP their gradients are not averaged across "
+                    f"processes). Call model.mark_forward_method({name!r}) after fabric.setup() to route it "
+                    "through the wrapper, or compute inside forward().",
+                    stacklevel=2,
+                )
+
+    return call
