@@ -71,12 +71,13 @@ def peer_python(arg: str | None) -> str | None:
     return arg or os.environ.get(PEER_ENV) or None
 
 
+# Versions from the installed metadata, without importing torch: a probe costs a fraction of a second.
 PROBE = (
-    "import importlib.metadata as md, importlib.util as u, json, torch\n"
+    "import importlib.metadata as md, importlib.util as u, json\n"
     "def v(m, d):\n"
     "    try: return md.version(d) if u.find_spec(m) else None\n"
     "    except Exception: return '?'\n"
-    "print('{marker}' + json.dumps({{'torch': torch.__version__, 'python': '.'.join(map(str, __import__('sys')"
+    "print('{marker}' + json.dumps({{'torch': md.version('torch'), 'python': '.'.join(map(str, __import__('sys')"
     ".version_info[:3])), 'fabric': v('fabric', 'torchfabric'), 'lightning_fabric': v('lightning_fabric', "
     "'lightning-fabric'), 'accelerate': v('accelerate', 'accelerate')}}))"
 )
@@ -153,7 +154,7 @@ def print_table(title: str, rows: Sequence[Row], unit: str, scale: float = 1.0) 
     """Print median, IQR and 10th percentile, and their ratios to each row's baseline (raw, same interpreter)."""
     print(f"\n{title}")
     header = (
-        f"{'contender':<34} {'median ' + unit:>14} {'IQR':>8} {'p10':>10} {'n':>4} "
+        f"{'contender':<38} {'median ' + unit:>14} {'IQR':>8} {'p10':>10} {'n':>4} "
         f"{'median vs base':>17} {'p10 vs base':>17}  note"
     )
     print(header)
@@ -165,7 +166,7 @@ def print_table(title: str, rows: Sequence[Row], unit: str, scale: float = 1.0) 
         if row.baseline:
             ratios = (_vs(med, median_iqr(row.baseline)[0]), _vs(low, p10(row.baseline)))
         print(
-            f"{row.label:<34} {med * scale:>14.1f} {iqr * scale:>8.1f} {low * scale:>10.1f} {len(row.samples):>4} "
+            f"{row.label:<38} {med * scale:>14.1f} {iqr * scale:>8.1f} {low * scale:>10.1f} {len(row.samples):>4} "
             f"{ratios[0]:>17} {ratios[1]:>17}  {row.note}"
         )
 

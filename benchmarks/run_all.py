@@ -1,0 +1,88 @@
+"""Run every CPU benchmark one after another (and, with --cuda, the CUDA precision one), printing all their tables.
+
+The scripts run one at a time, never side by side: two benchmarks sharing the cores would measure each other.
+Each gets the same --peer-python (or $FABRIC_BENCH_PEER_PYTHON) so every table has the Lightning Fabric and
+Accelerate rows where that interpreter has them. --tee writes everything printed to a file as well.
+
+Run:  python benchmarks/run_all.py [--rounds 5] [--peer-python PYTHON] [--cuda] [--tee results.txt]
+      python benchmarks/run_all.py --smoke      # each new script's --smoke mode: checks they run, no numbers
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+HERE = Path(__file__).resolve().parent
+
+
+def plan(args: argparse.Namespace) -> list[list[str]]:
+    """The argument lists, one per script, in the order they run."""
+    if args.smoke:
+        cpu = [["launch_startup.py", "--smoke"], ["checkpoint.py", "--smoke"]]
+        return [*cpu, ["cuda_precision.py", "--device", "cpu", "--smoke"]]
+    peer = ["--peer-python", args.peer_python] if args.peer_python else []
+    rounds = ["--rounds", str(args.rounds)]
+    scripts = [
+        ["import_time.py", "-n", str(3 * args.rounds), *peer],
+        ["step_overhead.py", *rounds, *peer],
+        ["ddp_step.py", *rounds, *peer],
+        ["launch_startup.py", *rounds, *peer],
+        ["checkpoint.py", *rounds, *peer],
+    ]
+    if args.cuda:
+        scripts.append(["cuda_precision.py", "--rounds", str(max(1, args.rounds // 2 + 1)), *peer])
+    return scripts
+
+
+def run(script: list[str], out: list[TextIO]) -> int:
+    """Run one script, copying its output line by line to every stream in `out`; its exit status."""
+    header = f"\n=== python benchmarks/{' '.join(script)}  ({time.strftime('%Y-%m-%d %H:%M:%S')})"
+    for stream in out:
+        print(header, file=stream, flush=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / script[0]), *script[1:]],
+        cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        for stream in out:
+            stream.write(line)
+            stream.flush()
+    return proc.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per script (import_time: 3x as many runs)")
+    parser.add_argument("--peer-python", help="interpreter with lightning-fabric and accelerate installed")
+    parser.add_argument("--cuda", action="store_true", help="also run cuda_precision.py (needs a GPU)")
+    parser.add_argument("--smoke", action="store_true", help="only the new scripts' quick --smoke modes")
+    parser.add_argument("--tee", type=Path, help="also write everything to this file")
+    args = parser.parse_args()
+
+    out: list[TextIO] = [sys.stdout]
+    tee = args.tee.open("w") if args.tee else None
+    if tee:
+        out.append(tee)
+    failed = []
+    try:
+        for script in plan(args):
+            code = run(script, out)
+            if code != 0:
+                failed.append(f"{script[0]} (exit {code})")
+    finally:
+        if tee:
+            tee.close()
+    if failed:
+        print(f"\nrun_all: these scripts failed: {', '.join(failed)}; their output is above.", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
