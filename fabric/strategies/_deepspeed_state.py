@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ from torch.optim import Optimizer
 
 from fabric.strategies import _checkpoint
 from fabric.strategies import _deepspeed_checkpoint as ckpt
+from fabric.strategies import _sharded_files as files
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -64,23 +64,19 @@ def save(
     client[ckpt.MODULE_KEY] = module_key
     client[ckpt.OPTIMIZER_KEY] = optimizer_key
     path = Path(path)
-    partial = path.parent / f".{path.name}.partial"
+    # The same staging directory and swap as torch.distributed.checkpoint saves (atomic exchange where supported).
     if is_global_zero:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _remove(partial)  # a leftover of a save that crashed
+        files.prepare_staging(path)  # also clears the leftover of a save that crashed
     barrier()
     engine.save_checkpoint(
-        str(partial), tag=ckpt.TAG, client_state=client, exclude_frozen_parameters=exclude_frozen_parameters
+        str(files.staging_dir(path)),
+        tag=ckpt.TAG,
+        client_state=client,
+        exclude_frozen_parameters=exclude_frozen_parameters,
     )
     barrier()
     if is_global_zero:
-        # Until the second rename the old checkpoint stays complete under its own name or `.old`.
-        old = path.parent / f".{path.name}.old"
-        _remove(old)
-        if path.exists():
-            path.rename(old)
-        partial.rename(path)
-        _remove(old)
+        files.swap_into_place(path)
 
 
 def load(
@@ -140,10 +136,3 @@ def load_full_weights(engine: DeepSpeedEngine, weights: dict[str, Any], strict: 
     if callable(refresh):
         # ZeRO and bf16 optimizers step on float32 master copies made at setup; copy the new weights into them.
         refresh()
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
