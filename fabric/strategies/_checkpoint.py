@@ -9,7 +9,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 
-def _unwrap(obj: Any) -> Any:
+def unwrap(obj: Any) -> Any:
     """The user's own module or optimizer behind fabric's wrappers."""
     from fabric.wrappers import unwrap_objects
 
@@ -37,7 +37,7 @@ def convert_state(
         )
     converted: dict[str, Any] = {}
     for key, value in state.items():
-        value = _unwrap(value)
+        value = unwrap(value)
         if isinstance(value, Module):
             value = module_state(value)
         elif isinstance(value, Optimizer):
@@ -69,7 +69,7 @@ def restore_state(state: dict[str, Any], checkpoint: dict[str, Any], strict: boo
         if key not in remainder:
             continue
         saved = remainder.pop(key)
-        target = _unwrap(state[key])
+        target = unwrap(state[key])
         if isinstance(target, Module):
             _load_module(target, saved, strict, f"{path}[{key!r}]")
         elif isinstance(target, Optimizer) or callable(getattr(target, "load_state_dict", None)):
@@ -81,7 +81,7 @@ def restore_state(state: dict[str, Any], checkpoint: dict[str, Any], strict: boo
 
 def load_raw_into(obj: Module | Optimizer, checkpoint: dict[str, Any], strict: bool, path: str) -> None:
     """Load a plain state dict file into one module or optimizer."""
-    target = _unwrap(obj)
+    target = unwrap(obj)
     if isinstance(target, Module):
         _load_module(target, checkpoint, strict, path)
     else:

@@ -25,7 +25,7 @@ def split_state(state: dict[str, Any], engine: DeepSpeedEngine, operation: str) 
             f"{operation}(state={type(state).__name__}): the state must be a dict such as "
             "{'model': model, 'optimizer': optimizer, 'step': step}. Wrap your objects in a dict."
         )
-    objects = {key: _checkpoint._unwrap(value) for key, value in state.items()}
+    objects = {key: _checkpoint.unwrap(value) for key, value in state.items()}
     modules = [key for key, value in objects.items() if isinstance(value, Module)]
     optimizers = [key for key, value in objects.items() if isinstance(value, Optimizer)]
     if len(modules) != 1 or objects[modules[0]] not in (engine.module, engine):

@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 
 from fabric.strategies import _sharded_files as files
 from fabric.strategies import _sharded_state as states
+from fabric.strategies._checkpoint import unwrap
 
 if TYPE_CHECKING:
     from fabric.io.checkpoint_io import CheckpointIO
@@ -127,7 +128,7 @@ def _load_sharded(path: Path, state: dict[str, Any] | Module | Optimizer | None,
     layout = _Layout(files.read_checked_metadata(path))
     if state is None:
         return _read_entries(path, keys=None, distributed=states.distributed())
-    target = states.unwrap(state)
+    target = unwrap(state)
     if isinstance(target, Module):
         return _load_raw_module(path, target, layout, strict)
     if isinstance(target, Optimizer):
@@ -142,7 +143,7 @@ def _load_sharded(path: Path, state: dict[str, Any] | Module | Optimizer | None,
     present = {key: value for key, value in state.items() if key in layout.keys}
     targets = states.load_targets("load", present)
     for key, target_sd in targets.items():
-        _check_entry(path, key, target_sd, layout, strict, isinstance(states.unwrap(state[key]), Module))
+        _check_entry(path, key, target_sd, layout, strict, isinstance(unwrap(state[key]), Module))
     if targets:
         _read_into(path, targets, strict)
         states.apply_loaded("load", state, targets, strict, full=False)
@@ -221,7 +222,7 @@ def _restore_plain(state: dict[str, Any], values: dict[str, Any], skip: set[str]
     for key in list(state):
         if key in skip or key not in values:
             continue
-        target = states.unwrap(state[key])
+        target = unwrap(state[key])
         if callable(getattr(target, "load_state_dict", None)):
             target.load_state_dict(values.pop(key))
         else:
@@ -235,7 +236,7 @@ def _load_full(path: Path, state: dict[str, Any] | Module | Optimizer | None, st
     checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     if state is None:
         return checkpoint
-    target = states.unwrap(state)
+    target = unwrap(state)
     if isinstance(target, Module):
         _load_full_module(path, "state dict", target, checkpoint, strict)
         return {}
@@ -248,7 +249,7 @@ def _load_full(path: Path, state: dict[str, Any] | Module | Optimizer | None, st
     remainder = dict(checkpoint)
     optimizers: dict[str, dict[str, Any]] = {}
     for key in state:
-        obj = states.unwrap(state[key])
+        obj = unwrap(state[key])
         if key not in remainder:
             continue
         if isinstance(obj, Module):

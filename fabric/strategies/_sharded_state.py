@@ -11,13 +11,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric.strategies import _checkpoint
-
-
-def unwrap(obj: Any) -> Any:
-    """The user's own object behind fabric's wrappers."""
-    from fabric.wrappers import unwrap_objects
-
-    return unwrap_objects(obj)
+from fabric.strategies._checkpoint import unwrap
 
 
 def _options(full: bool, strict: bool = True) -> Any:
@@ -29,7 +23,8 @@ def _options(full: bool, strict: bool = True) -> Any:
 
 def modules_of(state: dict[str, Any]) -> dict[str, Module]:
     """The modules in `state`, unwrapped, by key."""
-    return {key: unwrap(value) for key, value in state.items() if isinstance(unwrap(value), Module)}
+    unwrapped = {key: unwrap(value) for key, value in state.items()}
+    return {key: value for key, value in unwrapped.items() if isinstance(value, Module)}
 
 
 def owner_of(op: str, key: str, optimizer: Optimizer, modules: dict[str, Module]) -> Module:
