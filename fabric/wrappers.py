@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric import _forward_methods
 from fabric.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
 
@@ -41,10 +42,8 @@ class _FabricModule(Module):
         self._precision = precision
         # Only hooked when a plain loss.backward() would silently be wrong; otherwise zero cost.
         self._backward_state = backward_state
-        from fabric._forward_methods import default_forward_methods
-
         # Methods routed through the wrapped forward (see fabric/_forward_methods.py), and those checked once.
-        self._forward_methods = default_forward_methods(original_module)
+        self._forward_methods = _forward_methods.default_forward_methods(original_module)
         self._checked_methods: set[str] = set()
         self._fabric_module_initialized = True
 
@@ -69,10 +68,8 @@ class _FabricModule(Module):
 
     def mark_forward_method(self, method: str | Callable[..., Any]) -> None:
         """Run this method of your module through the strategy's wrapped forward, like forward itself."""
-        from fabric._forward_methods import check_markable
-
         name = method if isinstance(method, str) else method.__name__
-        check_markable(self._original_module, name)
+        _forward_methods.check_markable(self._original_module, name)
         self._forward_methods.add(name)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
@@ -91,8 +88,6 @@ class _FabricModule(Module):
         attribute = getattr(original, name)
         if not callable(attribute) or name.startswith("_"):
             return attribute
-        from fabric import _forward_methods
-
         if name in self.__dict__["_forward_methods"]:
             return partial(_forward_methods.call_through_forward, self.forward, original, name)
         checked = self.__dict__["_checked_methods"]
