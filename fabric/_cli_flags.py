@@ -8,6 +8,7 @@ from typing import Any
 from fabric.accelerators import ACCELERATOR_REGISTRY
 from fabric.precision._names import LEGACY_PRECISION
 from fabric.strategies import STRATEGY_REGISTRY
+from fabric.utilities.exceptions import FabricValueError
 
 # `fabric run` hands its flags to the processes it starts through these variables (see fabric/cli.py).
 CLI_ENV_PREFIX = "FABRIC_CLI_"
@@ -29,7 +30,7 @@ def merge_cli_flags(cli: dict[str, str], **code: Any) -> tuple[Any, ...]:
         if _is_default(name, code[name]):
             merged[name] = value
         elif not _agrees(name, code[name], value):
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric({name}={_show(code[name])}) contradicts 'fabric run --{name.replace('_', '-')} {text}'. "
                 "Set it in one place: remove it from the code or from the command."
             )
@@ -51,7 +52,7 @@ def _cli_value(name: str, text: str) -> Any:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(
+        raise FabricValueError(
             f"{CLI_ENV_PREFIX}{name.upper()}={text!r}: `fabric run` sets this to a count, and this is not one. "
             "Start the script with `fabric run`, or unset the variable."
         ) from None

@@ -15,6 +15,7 @@ from fabric.io import CheckpointIO, TorchCheckpointIO
 from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from fabric.precision._names import LEGACY_PRECISION, PRECISIONS
 from fabric.strategies import STRATEGY_REGISTRY, SingleDeviceStrategy, Strategy
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 
 def _describe(strategy: Any) -> str:
@@ -42,7 +43,7 @@ def connect(
     precision_plugin, environment, checkpoint_io = _split_plugins(plugins)
     user_strategy = strategy if isinstance(strategy, Strategy) else None
     if precision is not None and precision_plugin is not None:
-        raise ValueError(
+        raise FabricValueError(
             f"Fabric(precision={precision!r}, plugins=[{type(precision_plugin).__name__}]): both set the precision. "
             "Pass one of them."
         )
@@ -54,7 +55,7 @@ def connect(
         user_strategy = _build_strategy(strategy, indices, num_nodes, accelerator, devices)
     precision_plugin = _resolve_precision(precision, precision_plugin, user_strategy, accel)
     if isinstance(user_strategy, SingleDeviceStrategy) and len(indices) * num_nodes > 1:
-        raise ValueError(
+        raise FabricValueError(
             f"Fabric(strategy={_describe(strategy)}, devices={devices!r}, num_nodes={num_nodes}): a single-device "
             f"strategy cannot run on {len(indices) * num_nodes} devices. Use strategy='ddp' (or 'auto'), or devices=1."
         )
@@ -77,12 +78,12 @@ def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment |
     for plugin in items:
         role = next((r for r in (Precision, ClusterEnvironment, CheckpointIO) if isinstance(plugin, r)), None)
         if role is None:
-            raise TypeError(
+            raise FabricTypeError(
                 f"Fabric(plugins=[{type(plugin).__name__}]): not a plugin fabric knows. Pass instances of "
                 "Precision, ClusterEnvironment or CheckpointIO (strategies go in strategy=, hardware in accelerator=)."
             )
         if role in found:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(plugins=[{type(found[role]).__name__}, {type(plugin).__name__}]): two {role.__name__} "
                 "plugins were passed, and only one can be used. Pass one."
             )
@@ -92,13 +93,15 @@ def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment |
 
 def _check_num_nodes(num_nodes: Any) -> None:
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"Fabric(num_nodes={num_nodes!r}): the number of machines must be an int >= 1. Pass e.g. 1.")
+        raise FabricValueError(
+            f"Fabric(num_nodes={num_nodes!r}): the number of machines must be an int >= 1. Pass e.g. 1."
+        )
 
 
 def _resolve_environment(plugin: ClusterEnvironment | None, strategy: Strategy | None) -> ClusterEnvironment:
     own = strategy.cluster_environment if strategy is not None else None
     if plugin is not None and own is not None and plugin is not own:
-        raise ValueError(
+        raise FabricValueError(
             f"Fabric(strategy={type(strategy).__name__}(cluster_environment={type(own).__name__}), "
             f"plugins=[{type(plugin).__name__}]): two cluster environments were given. Pass only one."
         )
@@ -110,7 +113,7 @@ def _resolve_accelerator(flag: str | Accelerator, strategy: Strategy | None) -> 
     if isinstance(flag, Accelerator):
         chosen: Accelerator = flag
     elif not isinstance(flag, str):
-        raise TypeError(f"Fabric(accelerator={flag!r}): expected a name or an Accelerator instance.")
+        raise FabricTypeError(f"Fabric(accelerator={flag!r}): expected a name or an Accelerator instance.")
     elif flag == "auto":
         if own is not None:
             return own
@@ -118,7 +121,7 @@ def _resolve_accelerator(flag: str | Accelerator, strategy: Strategy | None) -> 
     else:
         chosen = _named_accelerator(flag)
     if own is not None and type(own) is not type(chosen):
-        raise ValueError(
+        raise FabricValueError(
             f"Fabric(accelerator={flag!r}, strategy={type(strategy).__name__}(accelerator="
             f"{type(own).__name__}())): the strategy's accelerator disagrees with accelerator=. "
             "Set the accelerator in one place only."
@@ -150,7 +153,7 @@ def _named_accelerator(name: str) -> Accelerator:
             "Use accelerator='cpu' or 'auto'."
         )
     if name not in ACCELERATOR_REGISTRY:
-        raise ValueError(
+        raise FabricValueError(
             f"Fabric(accelerator={name!r}): unknown accelerator {name!r}. Choose one of: auto, gpu, "
             f"{_names(ACCELERATOR_REGISTRY.names())}, or pass an Accelerator instance."
         )
@@ -172,12 +175,14 @@ def _resolve_devices(accel: Accelerator, devices: Any, num_nodes: int, env: Clus
 
 def _build_strategy(flag: Any, indices: list[int], num_nodes: int, accelerator: Any, devices: Any) -> Strategy:
     if not isinstance(flag, str):
-        raise TypeError(f"Fabric(strategy={flag!r}): expected a strategy name or a Strategy instance. Pass e.g. 'ddp'.")
+        raise FabricTypeError(
+            f"Fabric(strategy={flag!r}): expected a strategy name or a Strategy instance. Pass e.g. 'ddp'."
+        )
     name = flag
     if name == "auto":
         name = "ddp" if len(indices) * num_nodes > 1 else "single_device"
     if name not in STRATEGY_REGISTRY:
-        raise ValueError(
+        raise FabricValueError(
             f"Fabric(strategy={flag!r}): unknown strategy {flag!r}. Choose one of: auto, "
             f"{_names(STRATEGY_REGISTRY.names())}, or pass a Strategy instance."
         )
@@ -188,7 +193,7 @@ def _build_strategy(flag: Any, indices: list[int], num_nodes: int, accelerator: 
 def _resolve_precision(flag: Any, plugin: Precision | None, strategy: Strategy, accel: Accelerator) -> Precision:
     own = strategy._precision
     if own is not None and (flag is not None or plugin is not None):
-        raise ValueError(
+        raise FabricValueError(
             f"Fabric(precision={flag!r}, strategy={type(strategy).__name__}(precision={type(own).__name__})): "
             "the precision is set twice. Set it in one place only."
         )
@@ -198,7 +203,7 @@ def _resolve_precision(flag: Any, plugin: Precision | None, strategy: Strategy, 
     if isinstance(flag, (int, str)):
         name = LEGACY_PRECISION.get(flag, flag)
     if name not in PRECISIONS:
-        raise ValueError(
+        raise FabricValueError(
             f"Fabric(precision={flag!r}): unknown precision {flag!r}. Choose one of: {_names(PRECISIONS)} "
             "(or the legacy 32, 64, 16, 'bf16'), or pass a Precision plugin."
         )
@@ -217,7 +222,7 @@ def _make_precision(name: str, accel: Accelerator) -> Precision:
         name = "bf16-mixed"
     if name in ("16-mixed", "bf16-mixed"):
         if name == "bf16-mixed" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ValueError(
+            raise FabricValueError(
                 "Fabric(precision='bf16-mixed'): this GPU does not support bfloat16. Use precision='16-mixed'."
             )
         return MixedPrecision(name, device=device_type)  # type: ignore[arg-type]
@@ -225,6 +230,6 @@ def _make_precision(name: str, accel: Accelerator) -> Precision:
         return HalfPrecision(name)  # type: ignore[arg-type]
     if name == "64-true":
         if device_type == "mps":
-            raise ValueError("Fabric(accelerator='mps', precision='64-true'): MPS has no float64. Use '32-true'.")
+            raise FabricValueError("Fabric(accelerator='mps', precision='64-true'): MPS has no float64. Use '32-true'.")
         return DoublePrecision()
     return Precision()

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fabric.utilities.exceptions import FabricValueError
+
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
@@ -30,7 +32,7 @@ class _FabricDataLoader:
         move_fn: Callable[[Any, torch.device], Any] | None = None,
     ) -> None:
         if device is not None and move_fn is None:
-            raise ValueError(
+            raise FabricValueError(
                 f"_FabricDataLoader(device={device}): no move_fn was given, so batches cannot be moved "
                 "to the device. Pass move_fn, or device=None to yield batches as they are."
             )

@@ -13,6 +13,8 @@ from typing import Any
 
 from torch.nn import Module
 
+from fabric.utilities.exceptions import FabricValueError
+
 # Routed automatically when the user's module defines them: the names Lightning users already write.
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 _MISSING = object()
@@ -26,7 +28,7 @@ def default_forward_methods(module: Module) -> set[str]:
 def check_markable(module: Module, name: str) -> None:
     """Refuse names that cannot be routed, with the reason."""
     if name == "forward":
-        raise ValueError(
+        raise FabricValueError(
             "mark_forward_method('forward'): forward already runs through the strategy. Mark your other methods, "
             "such as 'generate'."
         )

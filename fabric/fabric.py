@@ -19,6 +19,7 @@ from fabric.accelerators.accelerator import Accelerator
 from fabric.loggers.logger import Logger
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_to_device
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 from fabric.utilities.seed import seed_everything as _seed_everything
 from fabric.wrappers import _BackwardState, _FabricModule, _FabricOptimizer, is_wrapped, unwrap_objects
 
@@ -123,7 +124,7 @@ class Fabric:
         if function is not None:
             _check_launch_function(function, args, kwargs)
         elif launcher is not None and not launcher.continues_script:
-            raise TypeError(
+            raise FabricTypeError(
                 f"fabric.launch(): strategy {type(self._strategy).__name__} starts new processes that run a "
                 "function, not the rest of your script. Pass it: fabric.launch(train), with def train(fabric): ..."
             )
@@ -195,7 +196,7 @@ class Fabric:
                 "optimizers together. Call model, optimizer = fabric.setup(model, optimizer) instead."
             )
         if not optimizers:
-            raise TypeError("fabric.setup_optimizers(): no optimizer was passed. Pass at least one optimizer.")
+            raise FabricTypeError("fabric.setup_optimizers(): no optimizer was passed. Pass at least one optimizer.")
         wrapped = []
         for opt in optimizers:
             self._check_not_wrapped(opt, "setup_optimizers")
@@ -208,7 +209,7 @@ class Fabric:
         """Shard each loader across processes (via the strategy), seed its workers, move batches to the device."""
         self._validate_launched("setup_dataloaders")
         if not dataloaders:
-            raise TypeError("fabric.setup_dataloaders(): no DataLoader was passed. Pass at least one.")
+            raise FabricTypeError("fabric.setup_dataloaders(): no DataLoader was passed. Pass at least one.")
         loaders = [self._setup_dataloader(d, use_distributed_sampler, move_to_device) for d in dataloaders]
         return loaders[0] if len(loaders) == 1 else loaders
 
@@ -220,11 +221,11 @@ class Fabric:
         from fabric.utilities.seed import current_seed_config
 
         if isinstance(loader, _FabricDataLoader):
-            raise ValueError(
+            raise FabricValueError(
                 "fabric.setup_dataloaders(): this DataLoader was already set up. Pass the original loader once."
             )
         if not isinstance(loader, DataLoader):
-            raise TypeError(
+            raise FabricTypeError(
                 f"fabric.setup_dataloaders({type(loader).__name__}): expected a torch.utils.data.DataLoader. "
                 "Wrap your dataset in DataLoader(dataset, batch_size=...) first."
             )
@@ -243,7 +244,7 @@ class Fabric:
     @staticmethod
     def _check_not_wrapped(obj: Any, method: str) -> None:
         if is_wrapped(obj):
-            raise ValueError(
+            raise FabricValueError(
                 f"fabric.{method}({type(obj).__name__}): this object was already set up by fabric. Set each "
                 "model and optimizer up once, and keep using the object that setup returned."
             )
@@ -269,7 +270,7 @@ class Fabric:
     ) -> Tensor | None:
         """Clip by value (`clip_val`) or by total norm (`max_norm`, returns the norm); unscales first."""
         if (clip_val is None) == (max_norm is None):
-            raise ValueError(
+            raise FabricValueError(
                 f"fabric.clip_gradients(clip_val={clip_val}, max_norm={max_norm}): pass exactly one of them: "
                 "clip_val clamps each gradient value, max_norm rescales the total gradient norm."
             )
@@ -288,7 +289,7 @@ class Fabric:
     def no_backward_sync(self, module: _FabricModule, enabled: bool = True) -> AbstractContextManager:
         """Skip gradient synchronisation while accumulating gradients over several backward calls."""
         if not isinstance(module, _FabricModule):
-            raise TypeError(
+            raise FabricTypeError(
                 f"fabric.no_backward_sync({type(module).__name__}): expected the model returned by fabric.setup(). "
                 "Pass that model."
             )
@@ -403,7 +404,7 @@ def _scalar(name: str, value: Any) -> Any:
     if not isinstance(value, Tensor):
         return value
     if value.numel() != 1:
-        raise ValueError(
+        raise FabricValueError(
             f"fabric.log({name!r}, tensor of shape {list(value.shape)}): a metric must be one number, but this "
             f"tensor holds {value.numel()} values. Reduce it first, e.g. value.mean(), or log each element by name."
         )
@@ -418,12 +419,12 @@ def _as_list(value: Any) -> list[Any]:
 
 def _check_launch_function(function: Callable[..., Any], args: tuple, kwargs: dict) -> None:
     if not callable(function):
-        raise TypeError(f"fabric.launch({function!r}): expected a function. Pass e.g. fabric.launch(train).")
+        raise FabricTypeError(f"fabric.launch({function!r}): expected a function. Pass e.g. fabric.launch(train).")
     try:
         inspect.signature(function).bind(None, *args, **kwargs)
     except TypeError:
         name = getattr(function, "__name__", repr(function))
-        raise TypeError(
+        raise FabricTypeError(
             f"fabric.launch({name}): {name}() must take the Fabric object as its first argument, followed by the "
             f"arguments given to launch. Define it as def {name}(fabric, ...)."
         ) from None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
+from fabric.utilities.exceptions import FabricValueError
+
 T = TypeVar("T")
 
 
@@ -25,7 +27,7 @@ class Registry(Generic[T]):
     ) -> None:
         """Register `factory(**init_kwargs, **components)` under `name`."""
         if name in self._entries and not override:
-            raise ValueError(
+            raise FabricValueError(
                 f"register({name!r}): this {self._kind} name is already registered. "
                 "Pick another name or pass override=True to replace it."
             )

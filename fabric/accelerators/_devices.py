@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from fabric.utilities.exceptions import FabricValueError
 
-def _bad(devices: Any, why: str, fix: str) -> ValueError:
-    return ValueError(f"Fabric(devices={devices!r}): {why}. {fix}")
+
+def _bad(devices: Any, why: str, fix: str) -> FabricValueError:
+    return FabricValueError(f"Fabric(devices={devices!r}): {why}. {fix}")
 
 
 def parse_device_indices(devices: Any, available: int, kind: str) -> list[int]:

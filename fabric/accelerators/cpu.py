@@ -9,6 +9,7 @@ import torch
 
 from fabric.accelerators._devices import _bad
 from fabric.accelerators.accelerator import Accelerator
+from fabric.utilities.exceptions import FabricValueError
 
 
 class CPUAccelerator(Accelerator):
@@ -58,4 +59,6 @@ class CPUAccelerator(Accelerator):
     def setup_device(self, device: torch.device) -> None:
         """Nothing to prepare on the CPU."""
         if device.type != "cpu":
-            raise ValueError(f"CPUAccelerator.setup_device({device}): not a CPU device. Use a CUDA/MPS accelerator.")
+            raise FabricValueError(
+                f"CPUAccelerator.setup_device({device}): not a CPU device. Use a CUDA/MPS accelerator."
+            )

@@ -8,6 +8,7 @@ import torch
 
 from fabric.accelerators._devices import parse_device_indices
 from fabric.accelerators.accelerator import Accelerator
+from fabric.utilities.exceptions import FabricValueError
 
 
 def _cuda_count() -> int:
@@ -43,7 +44,9 @@ class CUDAAccelerator(Accelerator):
     def setup_device(self, device: torch.device) -> None:
         """Make `device` this process's current GPU."""
         if device.type != "cuda":
-            raise ValueError(f"CUDAAccelerator.setup_device({device}): not a CUDA device. Pass a 'cuda:N' device.")
+            raise FabricValueError(
+                f"CUDAAccelerator.setup_device({device}): not a CUDA device. Pass a 'cuda:N' device."
+            )
         torch.cuda.set_device(device)
 
     def teardown(self) -> None:

@@ -8,6 +8,7 @@ import torch
 
 from fabric.accelerators._devices import parse_device_indices
 from fabric.accelerators.accelerator import Accelerator
+from fabric.utilities.exceptions import FabricValueError
 
 
 class MPSAccelerator(Accelerator):
@@ -38,4 +39,6 @@ class MPSAccelerator(Accelerator):
     def setup_device(self, device: torch.device) -> None:
         """Nothing to select: there is one MPS device."""
         if device.type != "mps":
-            raise ValueError(f"MPSAccelerator.setup_device({device}): not an MPS device. Pass torch.device('mps').")
+            raise FabricValueError(
+                f"MPSAccelerator.setup_device({device}): not an MPS device. Pass torch.device('mps')."
+            )

@@ -7,6 +7,7 @@ import os
 import torch.distributed as dist
 
 from fabric.environments.cluster_environment import ClusterEnvironment
+from fabric.utilities.exceptions import FabricValueError
 
 
 class ProcessGroupEnvironment(ClusterEnvironment):
@@ -74,7 +75,7 @@ class ProcessGroupEnvironment(ClusterEnvironment):
         """devices x num_nodes must equal the size of the existing group."""
         world = dist.get_world_size()
         if num_devices * num_nodes != world:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(devices={num_devices}, num_nodes={num_nodes}): torch.distributed is already initialised "
                 f"with world size {world}, not {num_devices} x {num_nodes}. Pass devices='auto' (or devices and "
                 "num_nodes whose product is the group's world size); Fabric uses the existing process group."

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from fabric.environments.cluster_environment import ClusterEnvironment
+from fabric.utilities.exceptions import FabricValueError
 
 _REQUIRED = ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
 # torchrun (or fabric's own launcher) inside the pod sets these; then that launcher's environment applies.
@@ -62,13 +63,13 @@ class KubeflowEnvironment(ClusterEnvironment):
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """devices must be 1 and num_nodes the number of pods."""
         if num_devices != 1:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(devices={num_devices}): a PyTorchJob pod runs one process (KubeflowEnvironment). "
                 "Pass devices=1 or 'auto', or run torchrun --nproc_per_node inside each pod to use more devices."
             )
         pods = self.world_size()
         if pods != num_nodes:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(num_nodes={num_nodes}): the PyTorchJob has {pods} pods (WORLD_SIZE={pods}). "
                 f"Pass num_nodes={pods}, or change the job's replica count."
             )

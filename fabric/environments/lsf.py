@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 from fabric.environments.cluster_environment import ClusterEnvironment
+from fabric.utilities.exceptions import FabricValueError
 
 _REQUIRED = ("LSB_JOBID", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_RANK")
 
@@ -102,13 +103,13 @@ class LSFEnvironment(ClusterEnvironment):
         """num_nodes must be the number of compute hosts, and devices x num_nodes the jsrun world size."""
         hosts, source = _compute_hosts()
         if hosts and len(hosts) != num_nodes:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(num_nodes={num_nodes}): the LSF job has {len(hosts)} compute hosts ({source}: "
                 f"{', '.join(hosts)}). Pass num_nodes={len(hosts)}, or request {num_nodes} nodes (bsub -nnodes)."
             )
         size = self.world_size()
         if size is not None and size != num_devices * num_nodes:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(devices={num_devices}, num_nodes={num_nodes}): jsrun started {size} processes "
                 f"(JSM_NAMESPACE_SIZE={size}), not {num_devices} x {num_nodes}. Pass devices={size // num_nodes}"
                 " or 'auto', or start one process per device with jsrun."

@@ -8,6 +8,7 @@ from typing import Any
 
 from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.environments.default import find_free_port
+from fabric.utilities.exceptions import FabricValueError
 
 # Set by the common launchers (Open MPI, MPICH/Hydra and Intel MPI, MVAPICH): a cheap check before importing mpi4py.
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -102,14 +103,14 @@ class MPIEnvironment(ClusterEnvironment):
         """devices must equal the processes on this node, and devices x num_nodes the MPI world size."""
         local = self.processes_per_node()
         if local != num_devices:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(devices={num_devices}): mpirun started {local} processes on this node "
                 f"(MPI shared-memory communicator size {local}). Pass devices={local} or 'auto', or start "
                 f"{num_devices} processes per node (mpirun --npernode {num_devices})."
             )
         size = self.world_size()
         if size != num_devices * num_nodes:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(devices={num_devices}, num_nodes={num_nodes}): mpirun started {size} processes "
                 f"(MPI COMM_WORLD size {size}), not {num_devices} x {num_nodes}. "
                 f"Pass num_nodes={max(size // num_devices, 1) if size else 1}, or match mpirun -np to it."

@@ -7,6 +7,7 @@ import re
 import signal
 
 from fabric.environments.cluster_environment import ClusterEnvironment
+from fabric.utilities.exceptions import FabricValueError
 
 # Step ids at or above this are SLURM's special steps (batch script, interactive shell, extern), never srun tasks.
 _FIRST_SPECIAL_STEP_ID = 0xFFFFFFF0
@@ -56,7 +57,7 @@ def expand_tasks_per_node(value: str) -> list[int]:
     for part in value.split(","):
         match = _TASK_COUNT.match(part.strip())
         if match is None:
-            raise ValueError(f"cannot read the task count {part!r} in {value!r}")
+            raise FabricValueError(f"cannot read the task count {part!r} in {value!r}")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
 
@@ -154,14 +155,14 @@ class SLURMEnvironment(ClusterEnvironment):
         found = self._tasks_on_this_node()
         if found is not None and found[0] != num_devices:
             tasks, name, raw = found
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(devices={num_devices}): srun started {tasks} tasks on this node ({name}={raw}). "
                 f"Pass devices={tasks} or 'auto', or start one task per device "
                 f"(srun --ntasks-per-node={num_devices})."
             )
         nodes = self._num_nodes()
         if nodes is not None and nodes[0] != num_nodes:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(num_nodes={num_nodes}): srun runs on {nodes[0]} nodes ({nodes[1]}={nodes[0]}). "
                 f"Pass num_nodes={nodes[0]}, or request {num_nodes} nodes (sbatch --nodes={num_nodes})."
             )

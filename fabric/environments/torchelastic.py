@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from fabric.environments.cluster_environment import ClusterEnvironment
+from fabric.utilities.exceptions import FabricValueError
 
 _REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -52,14 +53,14 @@ class TorchElasticEnvironment(ClusterEnvironment):
         """devices must match LOCAL_WORLD_SIZE, and devices x num_nodes must match WORLD_SIZE."""
         per_node = self.processes_per_node()
         if per_node is not None and num_devices != per_node:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(devices={num_devices}): torchrun started {per_node} processes on this machine "
                 f"(LOCAL_WORLD_SIZE={per_node}). Pass devices={per_node} or 'auto', or start as many processes "
                 "as devices."
             )
         world = self.world_size()
         if world is not None and world != num_devices * num_nodes:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(devices={num_devices}, num_nodes={num_nodes}): torchrun started WORLD_SIZE={world} "
                 f"processes, not {num_devices} x {num_nodes}. Pass num_nodes={max(world // num_devices, 1)}, "
                 "or match devices and num_nodes to the torchrun command."

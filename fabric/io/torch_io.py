@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from fabric.io.checkpoint_io import CheckpointIO
+from fabric.utilities.exceptions import FabricTypeError
 
 
 def _default_file_mode() -> int:
@@ -25,7 +26,7 @@ class TorchCheckpointIO(CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         """Write atomically: readers see the old file or the new one, never a partial one."""
         if storage_options is not None:
-            raise TypeError(
+            raise FabricTypeError(
                 f"TorchCheckpointIO.save_checkpoint(storage_options={storage_options!r}): this plugin takes no "
                 "storage options. Pass a CheckpointIO plugin that supports them, or leave them out."
             )

@@ -18,6 +18,7 @@ from fabric.loggers.logger import (
     _scalar,
     _VersionedLogger,
 )
+from fabric.utilities.exceptions import FabricValueError
 
 
 class CSVLogger(_VersionedLogger):
@@ -46,7 +47,7 @@ class CSVLogger(_VersionedLogger):
         flush_logs_every_n_steps: int = 100,
     ) -> None:
         if flush_logs_every_n_steps < 1:
-            raise ValueError(
+            raise FabricValueError(
                 f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps}): the logger needs to flush"
                 " after at least one call. Pass 1 or more."
             )

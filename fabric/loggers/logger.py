@@ -13,6 +13,8 @@ from typing import Any
 from torch import Tensor
 from torch.nn import Module
 
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
+
 
 class Logger(ABC):
     """Records the metrics and hyperparameters of one experiment.
@@ -129,7 +131,7 @@ def _params_to_dict(params: Any, caller: str) -> dict[str, Any]:
         return dict(params)
     if dataclasses.is_dataclass(params) and not isinstance(params, type):
         return {field.name: getattr(params, field.name) for field in dataclasses.fields(params)}
-    raise TypeError(
+    raise FabricTypeError(
         f"{caller}.log_hyperparams(params={type(params).__name__}): hyperparameters must be a dict,"
         " an argparse.Namespace or a dataclass instance. Pass one of those, for example vars(obj)."
     )
@@ -140,7 +142,7 @@ def _scalar(name: str, value: Any, caller: str) -> Any:
     if not isinstance(value, Tensor):
         return value
     if value.numel() != 1:
-        raise ValueError(
+        raise FabricValueError(
             f"{caller}.log_metrics({name!r}=tensor of shape {tuple(value.shape)}): a metric must be a single"
             " number. Reduce it first, for example with .mean(), or log each element under its own name."
         )

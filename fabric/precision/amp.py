@@ -11,6 +11,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric.precision.precision import Precision, _convert_floating
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 
 class MixedPrecision(Precision):
@@ -25,11 +26,11 @@ class MixedPrecision(Precision):
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         if precision not in ("16-mixed", "bf16-mixed"):
-            raise ValueError(
+            raise FabricValueError(
                 f"MixedPrecision(precision={precision!r}): unsupported value. Use '16-mixed' or 'bf16-mixed'."
             )
         if scaler is not None and precision == "bf16-mixed":
-            raise ValueError(
+            raise FabricValueError(
                 "MixedPrecision(precision='bf16-mixed', scaler=...): bfloat16 has float32's range and needs no "
                 "loss scaling. Drop the scaler, or use precision='16-mixed'."
             )
@@ -73,7 +74,7 @@ class MixedPrecision(Precision):
         if self.scaler is None:
             return optimizer.step(**kwargs)
         if "closure" in kwargs and kwargs["closure"] is not None:
-            raise TypeError(
+            raise FabricTypeError(
                 "optimizer.step(closure=...): a closure cannot be used with precision='16-mixed', because the "
                 "gradient scaler must see the gradients before the step. Call the closure yourself first."
             )

@@ -9,6 +9,7 @@ import torch
 from torch.nn import Module
 
 from fabric.precision.precision import Precision, _convert_floating, _DefaultDtype
+from fabric.utilities.exceptions import FabricValueError
 
 
 class HalfPrecision(Precision):
@@ -18,7 +19,7 @@ class HalfPrecision(Precision):
 
     def __init__(self, precision: Literal["16-true", "bf16-true"] = "16-true") -> None:
         if precision not in ("16-true", "bf16-true"):
-            raise ValueError(
+            raise FabricValueError(
                 f"HalfPrecision(precision={precision!r}): unsupported value. Use '16-true' or 'bf16-true'."
             )
         self.precision = precision

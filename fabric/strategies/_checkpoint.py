@@ -8,6 +8,8 @@ from typing import Any
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric.utilities.exceptions import FabricTypeError
+
 
 def unwrap(obj: Any) -> Any:
     """The user's own module or optimizer behind fabric's wrappers."""
@@ -24,7 +26,7 @@ def convert_state(
 ) -> dict[str, Any]:
     """Replace modules, optimizers and stateful objects by their state dicts; apply `filter` per key."""
     if not isinstance(state, dict):
-        raise TypeError(
+        raise FabricTypeError(
             f"save(state={type(state).__name__}): the state must be a dict such as "
             "{'model': model, 'optimizer': optimizer, 'step': step}. Wrap your objects in a dict."
         )
@@ -46,7 +48,7 @@ def convert_state(
             value = value.state_dict()
         if key in filter:
             if not isinstance(value, dict):
-                raise TypeError(
+                raise FabricTypeError(
                     f"save(filter={{{key!r}: ...}}): state[{key!r}] is not a dict or an object with a state dict, "
                     "so there is nothing to filter. Remove this key from the filter."
                 )

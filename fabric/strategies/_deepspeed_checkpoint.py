@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from fabric.utilities.exceptions import FabricValueError
+
 TAG = "checkpoint"
 # Client-state entries fabric itself adds, to know later which state keys held the model and the optimizer.
 MODULE_KEY = "_fabric_module_key"
@@ -49,7 +51,7 @@ def tag_dir(path: str | Path, operation: str = "load") -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{operation}({str(path)!r}): no such checkpoint. Check the path.")
     if not is_deepspeed_checkpoint(path):
-        raise ValueError(
+        raise FabricValueError(
             f"{operation}({str(path)!r}): not a DeepSpeed checkpoint directory (it needs a 'latest' file naming a "
             "folder with *model_states.pt files, as fabric.save with strategy='deepspeed' writes). Pass such a "
             "directory; a plain checkpoint file loads with the strategy that wrote it."

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from fabric.utilities.exceptions import FabricValueError
+
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
@@ -22,12 +24,14 @@ def clip_next_step(
 ) -> tuple[Tensor, bool]:
     """The total gradient norm now; True when the clipping happens inside the next engine.step()."""
     if norm_type != 2.0:
-        raise ValueError(
+        raise FabricValueError(
             f"fabric.clip_gradients(norm_type={norm_type}): DeepSpeed computes only the L2 norm of its sharded "
             "gradients. Pass norm_type=2."
         )
     if max_norm <= 0:
-        raise ValueError(f"fabric.clip_gradients(max_norm={max_norm}): the norm limit must be > 0. Pass e.g. 1.0.")
+        raise FabricValueError(
+            f"fabric.clip_gradients(max_norm={max_norm}): the norm limit must be > 0. Pass e.g. 1.0."
+        )
     optimizer = engine.optimizer
     if not hasattr(optimizer, "clip_grad"):
         # No ZeRO and float32: DeepSpeed steps the user's optimizer, and param.grad holds the averaged gradients.

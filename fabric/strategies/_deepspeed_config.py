@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
+
 # Keyword -> (where it lives in DeepSpeed's config, default used when no config is passed).
 # Offload and fp16 entries apply only when their section is in use; see `_applies`.
 ZERO_KEYWORDS: dict[str, tuple[tuple[str, ...], Any]] = {
@@ -64,7 +66,7 @@ def read_config(config: str | Path | dict[str, Any] | None) -> dict[str, Any] | 
     if isinstance(config, dict):
         return copy.deepcopy(config)
     if not isinstance(config, (str, Path)):
-        raise TypeError(
+        raise FabricTypeError(
             f"DeepSpeedStrategy(config={type(config).__name__}): expected a dict or the path to a JSON file. "
             "Pass one of them."
         )
@@ -77,9 +79,11 @@ def read_config(config: str | Path | dict[str, Any] | None) -> dict[str, Any] | 
     try:
         loaded = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"DeepSpeedStrategy(config={str(config)!r}): not valid JSON ({err}). Fix the file.") from None
+        raise FabricValueError(
+            f"DeepSpeedStrategy(config={str(config)!r}): not valid JSON ({err}). Fix the file."
+        ) from None
     if not isinstance(loaded, dict):
-        raise ValueError(f"DeepSpeedStrategy(config={str(config)!r}): the JSON is not an object. Fix the file.")
+        raise FabricValueError(f"DeepSpeedStrategy(config={str(config)!r}): the JSON is not an object. Fix the file.")
     return loaded
 
 
@@ -98,9 +102,9 @@ def build_config(
     defaults = user_config is None
     config: dict[str, Any] = {} if user_config is None else user_config
     if stage is not None and stage not in (0, 1, 2, 3):
-        raise ValueError(f"DeepSpeedStrategy(stage={stage!r}): ZeRO has stages 0, 1, 2 and 3. Pass one of them.")
+        raise FabricValueError(f"DeepSpeedStrategy(stage={stage!r}): ZeRO has stages 0, 1, 2 and 3. Pass one of them.")
     if zero_optimization is False and stage not in (None, 0):
-        raise ValueError(
+        raise FabricValueError(
             f"DeepSpeedStrategy(zero_optimization=False, stage={stage}): a ZeRO stage was chosen with ZeRO turned off. "
             "Drop zero_optimization=False, or pass stage=0."
         )
@@ -111,7 +115,7 @@ def build_config(
     _merge(config, ("zero_optimization", "stage"), stage, "stage")
     zero_stage = get_path(config, ("zero_optimization", "stage")) or 0
     if offload_parameters and zero_stage != 3:
-        raise ValueError(
+        raise FabricValueError(
             f"DeepSpeedStrategy(offload_parameters=True, stage={zero_stage}): parameters can only be offloaded with "
             "ZeRO stage 3. Pass stage=3, or drop offload_parameters."
         )
@@ -143,7 +147,7 @@ def _merge_offload(
     device = get_path(config, ("zero_optimization", section, "device"))
     in_config = device not in (None, "none")
     if enabled is False and in_config:
-        raise ValueError(
+        raise FabricValueError(
             f"DeepSpeedStrategy({flag}=False, config['zero_optimization']['{section}']['device']={device!r}): "
             "the keyword and the config disagree. Set it in one place only."
         )
@@ -159,7 +163,7 @@ def _merge_offload(
 def apply_precision(config: dict[str, Any], precision: str) -> dict[str, Any]:
     """Enable DeepSpeed's fp16 or bf16 section for a fabric precision; contradictions name both values."""
     if precision not in PRECISION_SECTIONS:
-        raise ValueError(
+        raise FabricValueError(
             f"Fabric(strategy='deepspeed', precision={precision!r}): DeepSpeed cannot train in this precision. "
             f"Use one of {', '.join(PRECISION_SECTIONS)}."
         )
@@ -167,7 +171,7 @@ def apply_precision(config: dict[str, Any], precision: str) -> dict[str, Any]:
     for section in ("fp16", "bf16"):
         enabled = bool(get_path(config, (section, "enabled")))
         if enabled and section != wanted:
-            raise ValueError(
+            raise FabricValueError(
                 f"Fabric(strategy=DeepSpeedStrategy(config={{'{section}': {{'enabled': True}}}}), "
                 f"precision={precision!r}): the DeepSpeed config and the precision disagree. Pass the matching "
                 f"precision ({'16-mixed' if section == 'fp16' else 'bf16-mixed'}) or remove '{section}' from the "
@@ -208,7 +212,7 @@ def _merge(config: dict[str, Any], path: tuple[str, ...], value: Any, keyword: s
     existing = get_path(config, path)
     if existing is not None and existing != value:
         where = "".join(f"[{key!r}]" for key in path)
-        raise ValueError(
+        raise FabricValueError(
             f"DeepSpeedStrategy({keyword}={value!r}, config{where}={existing!r}): the keyword and the config "
             "disagree. Set it in one place only."
         )

@@ -13,6 +13,7 @@ from torch.optim import Optimizer
 from fabric.strategies import _checkpoint
 from fabric.strategies import _deepspeed_checkpoint as ckpt
 from fabric.strategies import _sharded_files as files
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 def split_state(state: dict[str, Any], engine: DeepSpeedEngine, operation: str) -> tuple[str, str | None, list[str]]:
     """The key of the engine's model, of its optimizer (or None), and the other keys."""
     if not isinstance(state, dict):
-        raise TypeError(
+        raise FabricTypeError(
             f"{operation}(state={type(state).__name__}): the state must be a dict such as "
             "{'model': model, 'optimizer': optimizer, 'step': step}. Wrap your objects in a dict."
         )
@@ -29,12 +30,12 @@ def split_state(state: dict[str, Any], engine: DeepSpeedEngine, operation: str) 
     modules = [key for key, value in objects.items() if isinstance(value, Module)]
     optimizers = [key for key, value in objects.items() if isinstance(value, Optimizer)]
     if len(modules) != 1 or objects[modules[0]] not in (engine.module, engine):
-        raise ValueError(
+        raise FabricValueError(
             f"{operation}(state with models {modules}): DeepSpeed checkpoints hold exactly one model, the one "
             "given to fabric.setup(). Put that model (and only it) in the state."
         )
     if len(optimizers) > 1:
-        raise ValueError(
+        raise FabricValueError(
             f"{operation}(state with optimizers {optimizers}): DeepSpeed drives one optimizer. Put only the "
             "optimizer returned by fabric.setup() in the state."
         )
@@ -53,7 +54,7 @@ def save(
 ) -> None:
     """Every rank writes its shard into a sibling temporary directory; rank 0 then swaps it in."""
     if filter:
-        raise ValueError(
+        raise FabricValueError(
             f"save({str(path)!r}, filter={sorted(filter)}): DeepSpeed writes its own sharded files and cannot "
             "filter them. Drop the filter."
         )

@@ -21,6 +21,7 @@ from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies import _fsdp_utils as utils
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -56,7 +57,7 @@ class _FullyShardedStrategy(ParallelStrategy):
             num_nodes=num_nodes,
         )
         if state_dict_type not in _STATE_DICT_TYPES:
-            raise ValueError(
+            raise FabricValueError(
                 f"{type(self).__name__}(state_dict_type={state_dict_type!r}): unknown checkpoint layout. Use "
                 "'sharded' (every rank writes its shards into a folder) or 'full' (rank 0 writes one file)."
             )
@@ -150,7 +151,7 @@ class _FullyShardedStrategy(ParallelStrategy):
         return utils.gradient_sync_disabled(modules)
 
     def _no_fsdp_modules_sync(self, module: Module) -> AbstractContextManager:
-        raise TypeError(
+        raise FabricTypeError(
             f"no_backward_sync({type(module).__name__}): this module is not sharded, so there is no gradient "
             "synchronisation to skip. Pass the model that fabric.setup() returned."
         )
@@ -191,7 +192,7 @@ class _FullyShardedStrategy(ParallelStrategy):
         from fabric.strategies import _sharded_checkpoint
 
         if storage_options is not None:
-            raise TypeError(
+            raise FabricTypeError(
                 f"{type(self).__name__}.save_checkpoint(storage_options=...): sharded checkpoints are written by "
                 "torch.distributed.checkpoint, which takes no storage options. Drop storage_options."
             )

@@ -16,6 +16,7 @@ from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 
 from fabric.precision.precision import Precision
+from fabric.utilities.exceptions import FabricValueError
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -29,7 +30,7 @@ def check_precision(precision: Precision, owner: str) -> None:
     """Reject a precision plugin whose policy FSDP cannot reproduce on sharded parameters."""
     name = getattr(precision, "precision", None)
     if name not in SUPPORTED_PRECISIONS:
-        raise ValueError(
+        raise FabricValueError(
             f"{owner}(precision={type(precision).__name__} with precision={name!r}): sharded parameters only "
             f"support the policies {', '.join(SUPPORTED_PRECISIONS)}, which map to FSDP's MixedPrecisionPolicy. "
             "Use one of these names, or precision='32-true' with mixed_precision=MixedPrecisionPolicy(...)."
@@ -69,7 +70,7 @@ def with_sharded_scaler(precision: Precision) -> Precision:
 def check_has_parameters(module: Module, owner: str) -> None:
     """FSDP has nothing to shard in a module without parameters, and fails later with an obscure message."""
     if next(module.parameters(), None) is None:
-        raise ValueError(
+        raise FabricValueError(
             f"{owner}.setup_module({type(module).__name__}): the module has no parameters, so there is nothing to "
             "shard. Set up a model that has parameters, or call this module directly without fabric.setup."
         )
@@ -174,7 +175,7 @@ def rebind_optimizer(optimizer: Optimizer, names: dict[int, str], module: Module
         for param in group["params"]:
             name = names.get(id(param))
             if name is None or name not in current:
-                raise ValueError(
+                raise FabricValueError(
                     f"{owner}: fabric.setup(model, {type(optimizer).__name__}): the optimizer holds a parameter "
                     f"of shape {tuple(param.shape)} that is not in the model, so it cannot follow the model into "
                     "its sharded form. Build the optimizer from model.parameters() of the model being set up."

@@ -18,6 +18,7 @@ from torch.optim import Optimizer
 from fabric.strategies import _sharded_files as files
 from fabric.strategies import _sharded_state as states
 from fabric.strategies._checkpoint import unwrap
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
     from fabric.io.checkpoint_io import CheckpointIO
@@ -93,7 +94,7 @@ def consolidate(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise files.missing_path_error(path, "consolidate")
     if path.is_file():
-        raise ValueError(
+        raise FabricValueError(
             f"consolidate({str(path)!r}): this is a file; only a sharded checkpoint directory needs consolidating. "
             "Load the file with torch.load directly."
         )
@@ -132,7 +133,7 @@ def _load_sharded(path: Path, state: dict[str, Any] | Module | Optimizer | None,
     if isinstance(target, Module):
         return _load_raw_module(path, target, layout, strict)
     if isinstance(target, Optimizer):
-        raise TypeError(
+        raise FabricTypeError(
             f"load_raw({str(path)!r}, optimizer): a sharded checkpoint stores optimizer state by parameter name, "
             "so it cannot be loaded without its module. Use fabric.load(path, {'model': model, 'optimizer': "
             "optimizer}) with the keys it was saved under."
@@ -165,8 +166,8 @@ def _load_raw_module(path: Path, module: Module, layout: _Layout, strict: bool) 
     return {}
 
 
-def _state_type_error(state: object) -> TypeError:
-    return TypeError(
+def _state_type_error(state: object) -> FabricTypeError:
+    return FabricTypeError(
         f"load(state={type(state).__name__}): the state must be a dict such as {{'model': model, 'optimizer': "
         "optimizer}, a module or an optimizer. Wrap your objects in a dict."
     )

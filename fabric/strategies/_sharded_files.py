@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from fabric.utilities.exceptions import FabricValueError
+
 METADATA_FILE = ".metadata"  # the name torch.distributed.checkpoint's FileSystemWriter gives it
 _MAX_LISTED = 8
 
@@ -63,7 +65,7 @@ def read_checked_metadata(path: Path, op: str = "load") -> Any:
                 f"{op}({str(path)!r}): the checkpoint is incomplete: {METADATA_FILE} is missing (shard files "
                 f"present: {_listing(shards)}). The save that wrote it did not finish; load an earlier checkpoint."
             )
-        raise ValueError(
+        raise FabricValueError(
             f"{op}({str(path)!r}): this directory is not a torch.distributed.checkpoint (sharded) checkpoint: it "
             f"has no {METADATA_FILE} and no .distcp files. Pass a directory written by a sharded save, or a "
             "checkpoint file."

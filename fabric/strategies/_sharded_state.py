@@ -12,6 +12,7 @@ from torch.optim import Optimizer
 
 from fabric.strategies import _checkpoint
 from fabric.strategies._checkpoint import unwrap
+from fabric.utilities.exceptions import FabricValueError
 
 
 def _options(full: bool, strict: bool = True) -> Any:
@@ -38,13 +39,13 @@ def owner_of(op: str, key: str, optimizer: Optimizer, modules: dict[str, Module]
         if wanted & owned:
             touching.append(module_key)
     if not touching:
-        raise ValueError(
+        raise FabricValueError(
             f"{op}(state[{key!r}]): the optimizer's parameters belong to none of the modules in the state "
             f"({sorted(modules) or 'there are none'}). A sharded checkpoint stores optimizer state by parameter "
             f"name, which needs the module that owns the parameters: put it in the same state, e.g. "
             f"{{'model': model, {key!r}: optimizer}}."
         )
-    raise ValueError(
+    raise FabricValueError(
         f"{op}(state[{key!r}]): the optimizer's parameters are spread over the modules {touching}, and a sharded "
         "checkpoint names optimizer state after one module's parameters. Put those modules in one nn.Module "
         "(such as an nn.ModuleDict) and save that, or use one optimizer per module."

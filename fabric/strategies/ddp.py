@@ -14,6 +14,7 @@ from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.utilities.exceptions import FabricTypeError
 
 if TYPE_CHECKING:
     # Imported lazily at run time: it pulls in torch.distributed.rpc, which costs tens of ms.
@@ -63,7 +64,7 @@ class DDPStrategy(ParallelStrategy):
         from torch.nn.parallel import DistributedDataParallel
 
         if not isinstance(module, DistributedDataParallel):
-            raise TypeError(
+            raise FabricTypeError(
                 f"no_backward_sync({type(module).__name__}): gradient sync can only be skipped for a model "
                 "returned by fabric.setup(). Pass the model that fabric.setup() returned."
             )

@@ -25,6 +25,7 @@ from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies import _deepspeed_config as cfg
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -74,7 +75,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         )
         unknown = sorted(set(keywords) - set(cfg.ALL_KEYWORDS))
         if unknown:
-            raise TypeError(
+            raise FabricTypeError(
                 f"DeepSpeedStrategy({unknown[0]}=...): unknown keyword. Known ones: "
                 f"{', '.join(sorted(cfg.ALL_KEYWORDS))}; anything else goes in config=."
             )
@@ -149,7 +150,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         """Build one DeepSpeed engine from the model and its optimizer; no optimizer gives an inference engine."""
         optimizers = list(optimizers)
         if len(optimizers) > 1:
-            raise ValueError(
+            raise FabricValueError(
                 f"fabric.setup(model, {len(optimizers)} optimizers): DeepSpeed drives exactly one optimizer. "
                 "Combine the parameter groups into one optimizer, or use strategy='ddp' or 'fsdp'."
             )
@@ -245,7 +246,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """engine.step: the sharded step, the parameter all-gather, gradient zeroing, LR schedule of the config."""
         if kwargs.get("closure") is not None:
-            raise TypeError(
+            raise FabricTypeError(
                 "optimizer.step(closure=...): DeepSpeed cannot re-evaluate a closure inside its step. Call the "
                 "closure yourself, then fabric.backward(loss) and optimizer.step()."
             )
@@ -291,7 +292,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         from fabric.strategies import _deepspeed_state
 
         if storage_options is not None:
-            raise TypeError(
+            raise FabricTypeError(
                 "save(storage_options=...): DeepSpeed writes its checkpoint files itself, without a CheckpointIO. "
                 "Drop storage_options."
             )
@@ -310,7 +311,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             return _deepspeed_checkpoint.consolidate_deepspeed(path)
         engine = self._require_engine("fabric.load()", needs_optimizer=False)
         if isinstance(state, Optimizer):
-            raise TypeError(
+            raise FabricTypeError(
                 f"fabric.load_raw({str(path)!r}, optimizer): a DeepSpeed optimizer's state is sharded and can only "
                 "be restored from a DeepSpeed checkpoint. Use fabric.load(path, {'model': ..., 'optimizer': ...})."
             )
@@ -333,7 +334,7 @@ def _check_optimizer_fits(module: Module, optimizer: Optimizer) -> None:
     own = {id(param) for param in module.parameters()}
     foreign = sum(1 for group in optimizer.param_groups for param in group["params"] if id(param) not in own)
     if foreign:
-        raise ValueError(
+        raise FabricValueError(
             f"fabric.setup({type(module).__name__}, {type(optimizer).__name__}): {foreign} of the optimizer's "
             "parameters do not belong to the model. Create the optimizer from this model's parameters: "
             "optimizer = torch.optim.AdamW(model.parameters())."

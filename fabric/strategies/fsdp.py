@@ -17,6 +17,7 @@ from fabric.precision.precision import Precision
 from fabric.strategies import _fsdp_utils as utils
 from fabric.strategies._fsdp_base import _FullyShardedStrategy
 from fabric.strategies.parallel import DEFAULT_TIMEOUT
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -70,7 +71,7 @@ class FSDPStrategy(_FullyShardedStrategy):
         checkpointing = activation_checkpointing_policy
         self._checkpointing_policy = _as_predicate(checkpointing, "activation_checkpointing_policy", name)
         if sharding_strategy not in _SHARDING_STRATEGIES:
-            raise ValueError(
+            raise FabricValueError(
                 f"{name}(sharding_strategy={sharding_strategy!r}): not supported by fully_shard. Use one of "
                 f"{', '.join(_SHARDING_STRATEGIES)} (for no sharding at all, use strategy='ddp')."
             )
@@ -90,7 +91,7 @@ class FSDPStrategy(_FullyShardedStrategy):
             return
         replicate, shard = self._mesh_argument
         if replicate * shard != self.world_size:
-            raise ValueError(
+            raise FabricValueError(
                 f"{type(self).__name__}(device_mesh={self._mesh_argument}): {replicate} replicas x {shard} shards "
                 f"= {replicate * shard} processes, but this run has {self.world_size} (devices x num_nodes). "
                 "Choose sizes whose product is the number of processes."
@@ -156,7 +157,7 @@ def _as_predicate(policy: ModulePolicy | None, argument: str, owner: str) -> Cal
             return lambda module: isinstance(module, classes)
     elif callable(policy) and not isinstance(policy, type):
         return policy
-    raise TypeError(
+    raise FabricTypeError(
         f"{owner}({argument}={policy!r}): expected a set of layer classes such as {{nn.TransformerEncoderLayer}} "
         "or a function taking a submodule and returning True for those that should get their own unit."
     )
@@ -167,7 +168,7 @@ def _check_mesh_argument(mesh: Any, hybrid: bool, owner: str) -> None:
         return
     if isinstance(mesh, tuple) and len(mesh) == 2 and all(isinstance(s, int) and s > 0 for s in mesh):
         return
-    raise TypeError(
+    raise FabricTypeError(
         f"{owner}(device_mesh={mesh!r}): expected a DeviceMesh or a (replicas, shards) tuple of positive ints, "
         "such as (2, 8) for two nodes of eight GPUs (hybrid sharding)."
     )

@@ -17,6 +17,7 @@ from fabric.precision.precision import Precision
 from fabric.strategies import _fsdp_utils as utils
 from fabric.strategies._fsdp_base import _FullyShardedStrategy
 from fabric.strategies.parallel import DEFAULT_TIMEOUT
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -58,14 +59,14 @@ class ModelParallelStrategy(_FullyShardedStrategy):
         )
         name = type(self).__name__
         if not callable(parallelize_fn):
-            raise TypeError(
+            raise FabricTypeError(
                 f"{name}(parallelize_fn={parallelize_fn!r}): expected a function (module, device_mesh) -> module "
                 "that applies tensor parallelism and fully_shard."
             )
         sizes = {"data_parallel_size": data_parallel_size, "tensor_parallel_size": tensor_parallel_size}
         for argument, size in sizes.items():
             if size != "auto" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-                raise ValueError(f"{name}({argument}={size!r}): expected 'auto' or an int >= 1.")
+                raise FabricValueError(f"{name}({argument}={size!r}): expected 'auto' or an int >= 1.")
         self._parallelize_fn = parallelize_fn
         self._requested_sizes = (data_parallel_size, tensor_parallel_size)
         self._sizes: tuple[int, int] | None = None
@@ -88,7 +89,7 @@ class ModelParallelStrategy(_FullyShardedStrategy):
         assert isinstance(dp, int) and isinstance(tp, int)
         if dp * tp != world or dp < 1 or tp < 1:
             requested_dp, requested_tp = self._requested_sizes
-            raise ValueError(
+            raise FabricValueError(
                 f"{type(self).__name__}(data_parallel_size={requested_dp!r}, tensor_parallel_size={requested_tp!r}): "
                 f"the mesh must hold all {world} processes (devices x num_nodes), but these sizes cannot multiply "
                 f"to {world}. Choose sizes whose product is {world}."
@@ -140,7 +141,7 @@ class ModelParallelStrategy(_FullyShardedStrategy):
         name = type(self).__name__
         result = self._parallelize_fn(module, self.device_mesh)
         if not isinstance(result, Module):
-            raise TypeError(
+            raise FabricTypeError(
                 f"{name}(parallelize_fn={getattr(self._parallelize_fn, '__name__', '...')}) returned "
                 f"{type(result).__name__}, not a module. Return the module it parallelized."
             )

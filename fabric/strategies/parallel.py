@@ -19,6 +19,7 @@ from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
 from fabric.utilities import distributed as _dist
+from fabric.utilities.exceptions import FabricValueError
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -47,7 +48,7 @@ class ParallelStrategy(Strategy):
     ) -> None:
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         if start_method not in _START_METHODS:
-            raise ValueError(
+            raise FabricValueError(
                 f"{type(self).__name__}(start_method={start_method!r}): unknown start method. "
                 f"Use one of {', '.join(_START_METHODS)}."
             )

@@ -24,6 +24,8 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from fabric.utilities.exceptions import FabricTypeError
+
 _T = TypeVar("_T")
 
 # Read from the installed torch so that arguments added or removed between versions are handled.
@@ -75,7 +77,7 @@ class DistributedSamplerWrapper(DistributedSampler):
 
     def __init__(self, sampler: Sampler, num_replicas: int, rank: int, drop_last: bool = False, seed: int = 0) -> None:
         if not isinstance(sampler, Sized):
-            raise TypeError(
+            raise FabricTypeError(
                 f"DistributedSamplerWrapper({type(sampler).__name__}): the sampler has no __len__, so its "
                 f"indices cannot be split evenly across {num_replicas} ranks. Give the sampler a __len__, "
                 "or pass use_distributed_sampler=False and shard the data yourself."
@@ -112,9 +114,9 @@ class _RebuildContext:
     purpose: str
     remedy: str
 
-    def error(self, obj: object, what: str, reason: str, fix: str) -> TypeError:
+    def error(self, obj: object, what: str, reason: str, fix: str) -> FabricTypeError:
         """Build the error for an object that cannot be re-created."""
-        return TypeError(
+        return FabricTypeError(
             f"{self.caller}({type(obj).__name__}): cannot rebuild this {what} {self.purpose} because "
             f"{reason}. {fix}, or {self.remedy}."
         )

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from fabric.utilities.exceptions import FabricValueError
+
 _MIN_RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
 
@@ -27,7 +29,7 @@ def check_reduce_op(reduce_op: Any) -> str:
                 return name
     name = str(reduce_op).lower()
     if name not in _REDUCE_OPS:
-        raise ValueError(
+        raise FabricValueError(
             f"all_reduce(reduce_op={reduce_op!r}): unknown reduction. Use one of 'mean', 'sum', 'max', 'min'."
         )
     return "mean" if name == "avg" else name

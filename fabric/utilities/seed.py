@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from fabric.utilities.exceptions import FabricValueError
+
 # Child processes (spawned ranks, dataloader workers) inherit the environment, so this is how the seed
 # reaches them without any process-wide Python state.
 _SEED_ENV = "FABRIC_GLOBAL_SEED"
@@ -36,7 +38,7 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
     """
     chosen = _seed_from_env() if seed is None else _as_int(seed)
     if not _MIN_SEED <= chosen <= _MAX_SEED:
-        raise ValueError(
+        raise FabricValueError(
             f"seed_everything(seed={chosen}): the seed is outside the range numpy accepts"
             f" ({_MIN_SEED} to {_MAX_SEED}). Pass a seed in that range."
         )
@@ -82,7 +84,7 @@ def _parse_env_seed(raw: str) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(
+        raise FabricValueError(
             f"{_SEED_ENV}={raw!r}: the environment variable must hold an integer seed."
             f" Set it to an integer such as 42, or unset it."
         ) from None
@@ -92,7 +94,7 @@ def _as_int(seed: Any) -> int:
     try:
         return int(seed)
     except (TypeError, ValueError):
-        raise ValueError(
+        raise FabricValueError(
             f"seed_everything(seed={seed!r}): the seed must be an integer. Pass an int such as 42."
         ) from None
 

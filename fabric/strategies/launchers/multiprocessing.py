@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.strategies.launchers.subprocess_script import _die_with_parent
+from fabric.utilities.exceptions import FabricValueError
 
 _POLL_SECONDS = 0.05
 _TERMINATE_GRACE_SECONDS = 5.0
@@ -35,7 +36,7 @@ class MultiProcessingLauncher(Launcher):
         start_method: str = "spawn",
     ) -> None:
         if start_method not in mp.get_all_start_methods():
-            raise ValueError(
+            raise FabricValueError(
                 f"start_method={start_method!r}: not available on this platform (available: "
                 f"{mp.get_all_start_methods()}). Use 'spawn', or 'ddp_spawn' as the strategy."
             )
