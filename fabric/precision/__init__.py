@@ -1,8 +1,9 @@
 """Precision plugins: the numeric policy of a run."""
 
 from fabric.precision.amp import MixedPrecision
+from fabric.precision.deepspeed import DeepSpeedPrecision
 from fabric.precision.double import DoublePrecision
 from fabric.precision.half import HalfPrecision
 from fabric.precision.precision import Precision
 
-__all__ = ["DoublePrecision", "HalfPrecision", "MixedPrecision", "Precision"]
+__all__ = ["DeepSpeedPrecision", "DoublePrecision", "HalfPrecision", "MixedPrecision", "Precision"]

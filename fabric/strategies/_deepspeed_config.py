@@ -58,6 +58,9 @@ PRECISION_SECTIONS: dict[str, str | None] = {
     "bf16-true": "bf16",
 }
 
+# Config keys of the 16-bit sections and the section each one is; "bfloat16" is DeepSpeed's older spelling of bf16.
+_SECTION_KEYS = (("fp16", "fp16"), ("bf16", "bf16"), ("bfloat16", "bf16"))
+
 
 def read_config(config: str | Path | dict[str, Any] | None) -> dict[str, Any] | None:
     """A deep copy of a config dict, or the parsed JSON file at a path."""
@@ -168,18 +171,32 @@ def apply_precision(config: dict[str, Any], precision: str) -> dict[str, Any]:
             f"Use one of {', '.join(PRECISION_SECTIONS)}."
         )
     wanted = PRECISION_SECTIONS[precision]
-    for section in ("fp16", "bf16"):
-        enabled = bool(get_path(config, (section, "enabled")))
+    _resolve_auto(config, wanted)
+    for key, section in _SECTION_KEYS:
+        enabled = bool(get_path(config, (key, "enabled")))
         if enabled and section != wanted:
             raise FabricValueError(
-                f"Fabric(strategy=DeepSpeedStrategy(config={{'{section}': {{'enabled': True}}}}), "
+                f"Fabric(strategy=DeepSpeedStrategy(config={{'{key}': {{'enabled': True}}}}), "
                 f"precision={precision!r}): the DeepSpeed config and the precision disagree. Pass the matching "
-                f"precision ({'16-mixed' if section == 'fp16' else 'bf16-mixed'}) or remove '{section}' from the "
+                f"precision ({'16-mixed' if section == 'fp16' else 'bf16-mixed'}) or remove '{key}' from the "
                 "config."
             )
     if wanted is not None:
-        config.setdefault(wanted, {})["enabled"] = True
+        key = "bfloat16" if wanted == "bf16" and "bfloat16" in config and "bf16" not in config else wanted
+        config.setdefault(key, {})["enabled"] = True
     return config
+
+
+def _resolve_auto(config: dict[str, Any], wanted: str | None) -> None:
+    """`"enabled": "auto"` (HF Accelerate / Transformers configs) means: on exactly when the precision uses it.
+
+    A non-empty string is truthy, so without this an "auto" section would count as enabled whatever the precision.
+    DeepSpeed spells bf16 also as "bfloat16"; both spellings are resolved.
+    """
+    for key, section in _SECTION_KEYS:
+        node = config.get(key)
+        if isinstance(node, dict) and node.get("enabled") == "auto":
+            node["enabled"] = section == wanted
 
 
 def apply_fp16_keywords(config: dict[str, Any], keywords: dict[str, Any], defaults: bool) -> None:
