@@ -3,7 +3,8 @@
 from fabric.precision.amp import MixedPrecision
 from fabric.precision.deepspeed import DeepSpeedPrecision
 from fabric.precision.double import DoublePrecision
+from fabric.precision.fsdp import FSDPPrecision
 from fabric.precision.half import HalfPrecision
 from fabric.precision.precision import Precision
 
-__all__ = ["DeepSpeedPrecision", "DoublePrecision", "HalfPrecision", "MixedPrecision", "Precision"]
+__all__ = ["DeepSpeedPrecision", "DoublePrecision", "FSDPPrecision", "HalfPrecision", "MixedPrecision", "Precision"]
