@@ -7,6 +7,7 @@ from fabric.precision.double import DoublePrecision
 from fabric.precision.fsdp import FSDPPrecision
 from fabric.precision.half import HalfPrecision
 from fabric.precision.precision import Precision
+from fabric.precision.transformer_engine import TransformerEnginePrecision
 
 __all__ = [
     "BitsandbytesPrecision",
@@ -16,4 +17,5 @@ __all__ = [
     "HalfPrecision",
     "MixedPrecision",
     "Precision",
+    "TransformerEnginePrecision",
 ]
