@@ -62,6 +62,14 @@ def test_init_module_model_trains_on_a_cpu_without_float16(
             assert losses == pytest.approx(ddp["losses"], abs=HALF_ATOL)
 
 
+def test_a_deepspeed_precision_plugin_trains_as_the_precision_name_does(results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(results):
+        by_plugin = _trained(result, "plugin_stage3_bf16-mixed")
+        by_name = _trained(result, "nofp16_stage3_bf16-mixed")
+        assert by_plugin["losses"] == by_name["losses"], f"rank {rank}"
+        assert _max_diff(by_plugin["weights"], by_name["weights"]) == 0.0
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_float16_fails_with_fabrics_message_where_deepspeed_lacks_it(results: list[dict[str, Any]], stage: int) -> None:
     for result in results:

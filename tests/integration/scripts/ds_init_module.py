@@ -22,6 +22,7 @@ from _it_common import outdir_from_argv
 from torch import nn
 
 from fabric import Fabric
+from fabric.precision import DeepSpeedPrecision
 from fabric.strategies.deepspeed import DeepSpeedStrategy
 
 STEPS = 4
@@ -54,8 +55,12 @@ def ddp_run(rank: int) -> dict[str, Any]:
     return {"losses": losses, "weights": {k: v.clone() for k, v in model.module.state_dict().items()}}
 
 
-def ds_run(stage: int, precision: str, rank: int, outdir: Path) -> dict[str, Any]:
-    fabric = Fabric(accelerator="cpu", devices=2, strategy=DeepSpeedStrategy(stage=stage), precision=precision)
+def ds_run(stage: int, precision: str, rank: int, outdir: Path, as_plugin: bool = False) -> dict[str, Any]:
+    strategy = DeepSpeedStrategy(stage=stage)
+    if as_plugin:  # Lightning's spelling: the plugin instead of the name
+        fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy, plugins=[DeepSpeedPrecision(precision)])
+    else:
+        fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy, precision=precision)
     fabric.launch()
     with fabric.init_module():
         model = make_model()
@@ -71,7 +76,7 @@ def ds_run(stage: int, precision: str, rank: int, outdir: Path) -> dict[str, Any
         fabric.backward(loss)
         optimizer.step()
         losses.append(loss.item())
-    path = outdir / f"stage{stage}_{precision}"
+    path = outdir / f"stage{stage}_{precision}_{as_plugin}"
     fabric.save(path, {"model": model, "optimizer": optimizer})
     from fabric.strategies._deepspeed_checkpoint import consolidate_deepspeed
 
@@ -104,6 +109,8 @@ def rank_main(rank: int, port: int, outdir: Path) -> None:
             for stage in (1, 2, 3):
                 results[f"nofp16_stage{stage}_{precision}"] = guarded(ds_run, stage, precision, rank, outdir)
                 dist.barrier()
+        results["plugin_stage3_bf16-mixed"] = guarded(ds_run, 3, "bf16-mixed", rank, outdir, True)
+        dist.barrier()
         accelerator_class.is_fp16_supported = real_fp16  # type: ignore[method-assign]
         for stage in (1, 2, 3):
             results[f"stage{stage}_16-true"] = guarded(ds_run, stage, "16-true", rank, outdir)
