@@ -1,11 +1,14 @@
-"""Building DeepSpeed's config dict from a user config and Lightning-style keywords; no deepspeed import."""
+"""DeepSpeed's config from a user config and Lightning keywords; what DeepSpeed cannot run. No deepspeed import."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
@@ -237,3 +240,40 @@ def _merge(config: dict[str, Any], path: tuple[str, ...], value: Any, keyword: s
     for key in path[:-1]:
         node = node.setdefault(key, {})
     node[path[-1]] = value
+
+
+def check_device_indices(devices: list[torch.device]) -> None:
+    """DeepSpeed puts local rank i on cuda:i (from LOCAL_RANK, also inside zero.Init), whatever index was chosen.
+
+    Running elsewhere would split the model and the batches over two GPUs, so other indices are refused with the
+    way to get them: make the chosen GPUs the only visible ones, then they are cuda:0, cuda:1, ...
+    """
+    chosen = [device.index for device in devices if device.type == "cuda"]
+    if chosen == list(range(len(chosen))):
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = [str(index) for index in chosen]
+    if visible:
+        # The indices count within what is already visible; the fix must name the physical GPUs.
+        names = [name.strip() for name in visible.split(",")]
+        physical = [names[index] if index < len(names) else str(index) for index in chosen]
+    listed = ",".join(physical)
+    raise FabricValueError(
+        f"Fabric(strategy='deepspeed', devices={chosen}): DeepSpeed places local rank i on cuda:i and cannot use "
+        f"other GPU indices. Make the chosen GPUs the visible ones and count them instead: start with "
+        f"CUDA_VISIBLE_DEVICES={listed} and pass devices={len(chosen)}."
+    )
+
+
+def check_dtype_supported(precision: str, ds_accelerator: Any) -> None:
+    """DeepSpeed's CPU accelerator has float16 only where oneDNN supports it; say so before the engine fails."""
+    if precision.startswith("16-") and not ds_accelerator.is_fp16_supported():
+        dtype, instead = "float16", "precision='bf16-mixed' (or 'bf16-true', '32-true')"
+    elif precision.startswith("bf16-") and not ds_accelerator.is_bf16_supported():
+        dtype, instead = "bfloat16", "precision='16-mixed' (or '32-true')"
+    else:
+        return
+    raise RuntimeError(
+        f"Fabric(strategy='deepspeed', precision={precision!r}): DeepSpeed's {ds_accelerator.device_name()!r} "
+        f"accelerator has no {dtype} support on this machine. Use {instead}."
+    )

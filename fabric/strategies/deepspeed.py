@@ -115,7 +115,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         precision = _check_precision_plugin(self.precision)
         cfg.apply_precision(self.config, precision.precision)
         cfg.apply_fp16_keywords(self.config, self._keywords, self._uses_defaults)
-        _check_device_indices(self.parallel_devices or [])
+        cfg.check_device_indices(self.parallel_devices or [])
 
     # -- process group ------------------------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -133,7 +133,7 @@ class DeepSpeedStrategy(ParallelStrategy):
                 f"Set the environment variable DS_ACCELERATOR={self.root_device.type} before starting, or choose "
                 f"Fabric(accelerator={ds_device!r})."
             )
-        _check_dtype_supported(self.precision.precision, ds_accelerator)
+        cfg.check_dtype_supported(self.precision.precision, ds_accelerator)
         # DeepSpeed's engine reads LOCAL_RANK from the environment; our own launcher leaves it unset in the process
         # it runs as local rank 0 (and for devices=1). Setting it also tells later Fabric objects in this process
         # that the processes already exist, which is true from here on.
@@ -360,43 +360,6 @@ def _check_precision_plugin(precision: Precision) -> DeepSpeedPrecision:
             f"precision={name!r}, or plugins=[DeepSpeedPrecision({name!r})]."
         )
     return precision
-
-
-def _check_device_indices(devices: list[torch.device]) -> None:
-    """DeepSpeed puts local rank i on cuda:i (from LOCAL_RANK, also inside zero.Init), whatever index was chosen.
-
-    Running elsewhere would split the model and the batches over two GPUs, so other indices are refused with the
-    way to get them: make the chosen GPUs the only visible ones, then they are cuda:0, cuda:1, ...
-    """
-    chosen = [device.index for device in devices if device.type == "cuda"]
-    if chosen == list(range(len(chosen))):
-        return
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    physical = chosen
-    if visible:
-        # The indices count within what is already visible; the fix must name the physical GPUs.
-        names = [name.strip() for name in visible.split(",")]
-        physical = [names[i] if i < len(names) else i for i in chosen]  # type: ignore[misc]
-    listed = ",".join(str(index) for index in physical)
-    raise FabricValueError(
-        f"Fabric(strategy='deepspeed', devices={chosen}): DeepSpeed places local rank i on cuda:i and cannot use "
-        f"other GPU indices. Make the chosen GPUs the visible ones and count them instead: start with "
-        f"CUDA_VISIBLE_DEVICES={listed} and pass devices={len(chosen)}."
-    )
-
-
-def _check_dtype_supported(precision: str, ds_accelerator: Any) -> None:
-    """DeepSpeed's CPU accelerator has float16 only where oneDNN supports it; say so before the engine fails."""
-    if precision.startswith("16-") and not ds_accelerator.is_fp16_supported():
-        dtype, instead = "float16", "precision='bf16-mixed' (or 'bf16-true', '32-true')"
-    elif precision.startswith("bf16-") and not ds_accelerator.is_bf16_supported():
-        dtype, instead = "bfloat16", "precision='16-mixed' (or '32-true')"
-    else:
-        return
-    raise RuntimeError(
-        f"Fabric(strategy='deepspeed', precision={precision!r}): DeepSpeed's {ds_accelerator.device_name()!r} "
-        f"accelerator has no {dtype} support on this machine. Use {instead}."
-    )
 
 
 def _forget_deepspeed_groups() -> None:
