@@ -220,7 +220,7 @@ def _make_precision(name: str, accel: Accelerator, strategy: Strategy) -> Precis
             stacklevel=4,
         )
         name = "bf16-mixed"
-    own = strategy._precision_plugin(name, device_type)  # DeepSpeed and FSDP apply a precision their own way
+    own = strategy._precision_plugin(name, device_type)  # DeepSpeed applies a precision its own way
     if own is not None:
         return own
     if name in ("16-mixed", "bf16-mixed"):
