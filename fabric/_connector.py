@@ -207,10 +207,10 @@ def _resolve_precision(flag: Any, plugin: Precision | None, strategy: Strategy, 
             f"Fabric(precision={flag!r}): unknown precision {flag!r}. Choose one of: {_names(PRECISIONS)} "
             "(or the legacy 32, 64, 16, 'bf16'), or pass a Precision plugin."
         )
-    return _make_precision(name, accel)
+    return _make_precision(name, accel, strategy)
 
 
-def _make_precision(name: str, accel: Accelerator) -> Precision:
+def _make_precision(name: str, accel: Accelerator, strategy: Strategy) -> Precision:
     device_type = accel.get_parallel_devices([0])[0].type
     if name == "16-mixed" and device_type == "cpu":
         # Lightning Fabric falls back the same way; float16 autocast on CPU is slow and needs a scaler.
@@ -220,6 +220,9 @@ def _make_precision(name: str, accel: Accelerator) -> Precision:
             stacklevel=4,
         )
         name = "bf16-mixed"
+    own = strategy._precision_plugin(name, device_type)  # DeepSpeed applies a precision its own way
+    if own is not None:
+        return own
     if name in ("16-mixed", "bf16-mixed"):
         if name == "bf16-mixed" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
             raise FabricValueError(

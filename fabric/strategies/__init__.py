@@ -3,6 +3,7 @@
 from fabric.registry import Registry
 from fabric.strategies.ddp import DDPStrategy
 from fabric.strategies.deepspeed import DeepSpeedStrategy
+from fabric.strategies.dp import DataParallelStrategy
 from fabric.strategies.fsdp import FSDPStrategy
 from fabric.strategies.model_parallel import ModelParallelStrategy
 from fabric.strategies.parallel import ParallelStrategy
@@ -27,6 +28,7 @@ for _name, (_method, _what) in _DDP_LAUNCHES.items():
             start_method=_method,
             find_unused_parameters=_flag,
         )
+STRATEGY_REGISTRY.register("dp", DataParallelStrategy, "DataParallel: one process, the model replicated over its GPUs")
 STRATEGY_REGISTRY.register("fsdp", FSDPStrategy, "FSDP2 (fully_shard): parameters, gradients, optimizer state sharded")
 STRATEGY_REGISTRY.register("fsdp_cpu_offload", FSDPStrategy, "fsdp with shards kept in CPU memory", cpu_offload=True)
 
@@ -46,6 +48,7 @@ for _name, (_what, _kwargs) in _DEEPSPEED_VARIANTS.items():
 __all__ = [
     "STRATEGY_REGISTRY",
     "DDPStrategy",
+    "DataParallelStrategy",
     "DeepSpeedStrategy",
     "FSDPStrategy",
     "ModelParallelStrategy",

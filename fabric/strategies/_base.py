@@ -90,6 +90,10 @@ class _StrategyComponents:
         self._precision = self._precision or precision
         self._checkpoint_io = self._checkpoint_io or checkpoint_io
 
+    def _precision_plugin(self, name: str, device_type: str) -> Precision | None:
+        """The plugin this strategy needs for a precision given by name (DeepSpeed's); None: the usual one."""
+        return None
+
     # -- properties every strategy derives the same way -------------------------------------------
     @property
     def is_global_zero(self) -> bool:

@@ -1,11 +1,14 @@
-"""Building DeepSpeed's config dict from a user config and Lightning-style keywords; no deepspeed import."""
+"""DeepSpeed's config from a user config and Lightning keywords; what DeepSpeed cannot run. No deepspeed import."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
@@ -57,6 +60,9 @@ PRECISION_SECTIONS: dict[str, str | None] = {
     "bf16-mixed": "bf16",
     "bf16-true": "bf16",
 }
+
+# Config keys of the 16-bit sections and the section each one is; "bfloat16" is DeepSpeed's older spelling of bf16.
+_SECTION_KEYS = (("fp16", "fp16"), ("bf16", "bf16"), ("bfloat16", "bf16"))
 
 
 def read_config(config: str | Path | dict[str, Any] | None) -> dict[str, Any] | None:
@@ -168,18 +174,32 @@ def apply_precision(config: dict[str, Any], precision: str) -> dict[str, Any]:
             f"Use one of {', '.join(PRECISION_SECTIONS)}."
         )
     wanted = PRECISION_SECTIONS[precision]
-    for section in ("fp16", "bf16"):
-        enabled = bool(get_path(config, (section, "enabled")))
+    _resolve_auto(config, wanted)
+    for key, section in _SECTION_KEYS:
+        enabled = bool(get_path(config, (key, "enabled")))
         if enabled and section != wanted:
             raise FabricValueError(
-                f"Fabric(strategy=DeepSpeedStrategy(config={{'{section}': {{'enabled': True}}}}), "
+                f"Fabric(strategy=DeepSpeedStrategy(config={{'{key}': {{'enabled': True}}}}), "
                 f"precision={precision!r}): the DeepSpeed config and the precision disagree. Pass the matching "
-                f"precision ({'16-mixed' if section == 'fp16' else 'bf16-mixed'}) or remove '{section}' from the "
+                f"precision ({'16-mixed' if section == 'fp16' else 'bf16-mixed'}) or remove '{key}' from the "
                 "config."
             )
     if wanted is not None:
-        config.setdefault(wanted, {})["enabled"] = True
+        key = "bfloat16" if wanted == "bf16" and "bfloat16" in config and "bf16" not in config else wanted
+        config.setdefault(key, {})["enabled"] = True
     return config
+
+
+def _resolve_auto(config: dict[str, Any], wanted: str | None) -> None:
+    """`"enabled": "auto"` (HF Accelerate / Transformers configs) means: on exactly when the precision uses it.
+
+    A non-empty string is truthy, so without this an "auto" section would count as enabled whatever the precision.
+    DeepSpeed spells bf16 also as "bfloat16"; both spellings are resolved.
+    """
+    for key, section in _SECTION_KEYS:
+        node = config.get(key)
+        if isinstance(node, dict) and node.get("enabled") == "auto":
+            node["enabled"] = section == wanted
 
 
 def apply_fp16_keywords(config: dict[str, Any], keywords: dict[str, Any], defaults: bool) -> None:
@@ -220,3 +240,40 @@ def _merge(config: dict[str, Any], path: tuple[str, ...], value: Any, keyword: s
     for key in path[:-1]:
         node = node.setdefault(key, {})
     node[path[-1]] = value
+
+
+def check_device_indices(devices: list[torch.device]) -> None:
+    """DeepSpeed puts local rank i on cuda:i (from LOCAL_RANK, also inside zero.Init), whatever index was chosen.
+
+    Running elsewhere would split the model and the batches over two GPUs, so other indices are refused with the
+    way to get them: make the chosen GPUs the only visible ones, then they are cuda:0, cuda:1, ...
+    """
+    chosen = [device.index for device in devices if device.type == "cuda"]
+    if chosen == list(range(len(chosen))):
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = [str(index) for index in chosen]
+    if visible:
+        # The indices count within what is already visible; the fix must name the physical GPUs.
+        names = [name.strip() for name in visible.split(",")]
+        physical = [names[index] if index < len(names) else str(index) for index in chosen]
+    listed = ",".join(physical)
+    raise FabricValueError(
+        f"Fabric(strategy='deepspeed', devices={chosen}): DeepSpeed places local rank i on cuda:i and cannot use "
+        f"other GPU indices. Make the chosen GPUs the visible ones and count them instead: start with "
+        f"CUDA_VISIBLE_DEVICES={listed} and pass devices={len(chosen)}."
+    )
+
+
+def check_dtype_supported(precision: str, ds_accelerator: Any) -> None:
+    """DeepSpeed's CPU accelerator has float16 only where oneDNN supports it; say so before the engine fails."""
+    if precision.startswith("16-") and not ds_accelerator.is_fp16_supported():
+        dtype, instead = "float16", "precision='bf16-mixed' (or 'bf16-true', '32-true')"
+    elif precision.startswith("bf16-") and not ds_accelerator.is_bf16_supported():
+        dtype, instead = "bfloat16", "precision='16-mixed' (or '32-true')"
+    else:
+        return
+    raise RuntimeError(
+        f"Fabric(strategy='deepspeed', precision={precision!r}): DeepSpeed's {ds_accelerator.device_name()!r} "
+        f"accelerator has no {dtype} support on this machine. Use {instead}."
+    )

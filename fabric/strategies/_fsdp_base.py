@@ -18,6 +18,7 @@ from torch.optim import Optimizer
 from fabric.accelerators.accelerator import Accelerator
 from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
+from fabric.precision.fsdp import as_fsdp_precision, check_fsdp_precision
 from fabric.precision.precision import Precision
 from fabric.strategies import _fsdp_utils as utils
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
@@ -66,13 +67,12 @@ class _FullyShardedStrategy(ParallelStrategy):
         # The modules set up so far, to find the model an optimizer belongs to (its state is keyed by names).
         self._sharded_modules: weakref.WeakSet[Module] = weakref.WeakSet()
         if precision is not None:
-            utils.check_precision(precision, type(self).__name__)
+            check_fsdp_precision(precision, type(self).__name__)
 
     def _connect(self, **components: Any) -> None:
         """Refuse a precision FSDP cannot honour here, when Fabric(...) is built, not at the first step."""
         super()._connect(**components)
-        utils.check_precision(self.precision, type(self).__name__)
-        self._precision = utils.with_sharded_scaler(self.precision)
+        self._precision = as_fsdp_precision(self.precision, type(self).__name__)
 
     @property
     def device_mesh(self) -> DeviceMesh:

@@ -1,4 +1,4 @@
-"""Helpers FSDPStrategy and ModelParallelStrategy share: precision policy, meta init, optimizer rebinding, clipping.
+"""Helpers FSDPStrategy and ModelParallelStrategy share: meta init, optimizer rebinding, clipping.
 
 torch.distributed.fsdp, .tensor and .checkpoint are imported inside the functions: `import fabric` must stay cheap.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterable
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,55 +15,7 @@ from torch import Tensor
 from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 
-from fabric.precision.precision import Precision
 from fabric.utilities.exceptions import FabricValueError
-
-if TYPE_CHECKING:
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-# The precision names FSDP can honour; anything else (a custom plugin) has no MixedPrecisionPolicy equivalent.
-SUPPORTED_PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
-
-
-# -- precision ------------------------------------------------------------------------------------------
-def check_precision(precision: Precision, owner: str) -> None:
-    """Reject a precision plugin whose policy FSDP cannot reproduce on sharded parameters."""
-    name = getattr(precision, "precision", None)
-    if name not in SUPPORTED_PRECISIONS:
-        raise FabricValueError(
-            f"{owner}(precision={type(precision).__name__} with precision={name!r}): sharded parameters only "
-            f"support the policies {', '.join(SUPPORTED_PRECISIONS)}, which map to FSDP's MixedPrecisionPolicy. "
-            "Use one of these names, or precision='32-true' with mixed_precision=MixedPrecisionPolicy(...)."
-        )
-
-
-def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy | None:
-    """`*-mixed`: compute in the 16-bit dtype, keep float32 shards and reduce gradients in float32.
-
-    `*-true` and `64-true` need no policy: the precision plugin already cast the whole module before sharding.
-    """
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if precision.precision == "bf16-mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if precision.precision == "16-mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
-    return None
-
-
-def with_sharded_scaler(precision: Precision) -> Precision:
-    """float16 with a plain GradScaler: swap in FSDP's, which agrees on inf/nan across ranks before skipping a step.
-
-    A plain scaler only sees this rank's gradient shards, so ranks could disagree on whether to step.
-    """
-    scaler = getattr(precision, "scaler", None)
-    if type(scaler) is not torch.amp.GradScaler:
-        return precision
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-    from fabric.precision.amp import MixedPrecision
-
-    return MixedPrecision("16-mixed", device=getattr(precision, "device", "cuda"), scaler=ShardedGradScaler())
 
 
 # -- modules --------------------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
+    from fabric.precision.deepspeed import DeepSpeedPrecision
+
 
 class DeepSpeedStrategy(ParallelStrategy):
     """Shards optimizer state (stage 1), gradients (2) and parameters (3) across processes with DeepSpeed ZeRO.
@@ -101,11 +103,19 @@ class DeepSpeedStrategy(ParallelStrategy):
         """The DeepSpeed engine built by fabric.setup (None before)."""
         return self._engine
 
+    def _precision_plugin(self, name: str, device_type: str) -> Precision | None:
+        """A precision name becomes a DeepSpeedPrecision: DeepSpeed casts the model and scales the loss itself."""
+        from fabric.precision.deepspeed import DeepSpeedPrecision
+
+        return DeepSpeedPrecision(name)  # type: ignore[arg-type]
+
     def _connect(self, **components: Any) -> None:
         """Fill in the components, then turn the precision into DeepSpeed's fp16/bf16 section."""
         super()._connect(**components)
-        cfg.apply_precision(self.config, self.precision.precision)
+        precision = _check_precision_plugin(self.precision)
+        cfg.apply_precision(self.config, precision.precision)
         cfg.apply_fp16_keywords(self.config, self._keywords, self._uses_defaults)
+        cfg.check_device_indices(self.parallel_devices or [])
 
     # -- process group ------------------------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -115,13 +125,15 @@ class DeepSpeedStrategy(ParallelStrategy):
         from deepspeed.accelerator import get_accelerator
 
         deepspeed.utils.logging.logger.setLevel(self.logging_level)
-        ds_device = get_accelerator().device_name()
+        ds_accelerator = get_accelerator()
+        ds_device = ds_accelerator.device_name()
         if ds_device != self.root_device.type:
             raise RuntimeError(
                 f"DeepSpeedStrategy on device {self.root_device}: DeepSpeed selected its {ds_device!r} accelerator. "
                 f"Set the environment variable DS_ACCELERATOR={self.root_device.type} before starting, or choose "
                 f"Fabric(accelerator={ds_device!r})."
             )
+        cfg.check_dtype_supported(self.precision.precision, ds_accelerator)
         # DeepSpeed's engine reads LOCAL_RANK from the environment; our own launcher leaves it unset in the process
         # it runs as local rank 0 (and for devices=1). Setting it also tells later Fabric objects in this process
         # that the processes already exist, which is true from here on.
@@ -210,16 +222,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         stack = ExitStack()
         stack.enter_context(_EmptyInit(enabled=bool(empty_init)))
         stack.enter_context(self.precision.module_init_context())
-        stack.enter_context(
-            deepspeed.zero.Init(remote_device=self.remote_device, config_dict_or_path=self.config, dtype=self._dtype)
-        )
+        # No dtype=: DeepSpeed reads it from the config's fp16/bf16 sections. An explicit dtype goes through
+        # DeepSpeed's `_set_dtype`, whose operator precedence turns it into bfloat16 on a CPU without float16
+        # support, and the first forward then mixes float32 inputs with bfloat16 weights.
+        stack.enter_context(deepspeed.zero.Init(remote_device=self.remote_device, config_dict_or_path=self.config))
         return stack
-
-    @property
-    def _dtype(self) -> torch.dtype:
-        if cfg.get_path(self.config, ("bf16", "enabled")):
-            return torch.bfloat16
-        return torch.float16 if cfg.get_path(self.config, ("fp16", "enabled")) else torch.float32
 
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
         """DeepSpeed accumulates gradients itself; skipping its synchronisation is not possible."""
@@ -339,6 +346,20 @@ def _check_optimizer_fits(module: Module, optimizer: Optimizer) -> None:
             "parameters do not belong to the model. Create the optimizer from this model's parameters: "
             "optimizer = torch.optim.AdamW(model.parameters())."
         )
+
+
+def _check_precision_plugin(precision: Precision) -> DeepSpeedPrecision:
+    """Only a DeepSpeedPrecision describes what the engine does; autocast or a GradScaler would fight it."""
+    from fabric.precision.deepspeed import DeepSpeedPrecision
+
+    if not isinstance(precision, DeepSpeedPrecision):
+        name = getattr(precision, "precision", "32-true")
+        raise FabricTypeError(
+            f"Fabric(strategy='deepspeed', plugins=[{type(precision).__name__}]): DeepSpeed casts the model and "
+            "scales the loss itself, so its precision must be a DeepSpeedPrecision. Pass "
+            f"precision={name!r}, or plugins=[DeepSpeedPrecision({name!r})]."
+        )
+    return precision
 
 
 def _forget_deepspeed_groups() -> None:

@@ -13,6 +13,7 @@ from torch.nn import Module
 from fabric.accelerators.accelerator import Accelerator
 from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
+from fabric.precision.fsdp import mixed_precision_policy
 from fabric.precision.precision import Precision
 from fabric.strategies import _fsdp_utils as utils
 from fabric.strategies._fsdp_base import _FullyShardedStrategy
@@ -100,7 +101,7 @@ class FSDPStrategy(_FullyShardedStrategy):
     @property
     def mixed_precision_policy(self) -> MixedPrecisionPolicy | None:
         """The policy given to fully_shard: the explicit `mixed_precision`, else the one the precision implies."""
-        return self._mixed_precision or utils.mixed_precision_policy(self.precision)
+        return self._mixed_precision or mixed_precision_policy(self.precision.precision)
 
     def _build_device_mesh(self) -> DeviceMesh:
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fabric import Fabric
+from fabric.precision import DeepSpeedPrecision, MixedPrecision
 from fabric.strategies import STRATEGY_REGISTRY, DeepSpeedStrategy
 from fabric.strategies import _deepspeed_checkpoint as ckpt
 from fabric.strategies._deepspeed_config import get_path
@@ -116,6 +117,92 @@ def test_config_and_precision_that_disagree_name_both(no_cluster_env: None) -> N
     strategy = DeepSpeedStrategy(config={"fp16": {"enabled": True}})
     with pytest.raises(ValueError, match=r"config=\{'fp16': \{'enabled': True\}\}\), precision='bf16-mixed'\)"):
         Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="bf16-mixed")
+
+
+def test_a_precision_name_becomes_a_deepspeed_precision(no_cluster_env: None) -> None:
+    strategy = Fabric(accelerator="cpu", devices=2, strategy="deepspeed", precision="bf16-true").strategy
+    assert isinstance(strategy.precision, DeepSpeedPrecision) and strategy.precision.precision == "bf16-true"
+    default = Fabric(accelerator="cpu", devices=2, strategy="deepspeed").strategy.precision
+    assert isinstance(default, DeepSpeedPrecision) and default.precision == "32-true"
+
+
+def test_a_deepspeed_precision_plugin_configures_the_engine(no_cluster_env: None) -> None:
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="deepspeed", plugins=[DeepSpeedPrecision("bf16-mixed")])
+    assert fabric.strategy.config["bf16"] == {"enabled": True}  # type: ignore[attr-defined]
+    assert "fp16" not in fabric.strategy.config  # type: ignore[attr-defined]
+
+
+def test_another_precision_plugin_is_refused(no_cluster_env: None) -> None:
+    plugin = MixedPrecision("bf16-mixed", device="cpu")
+    with pytest.raises(TypeError, match=_escaped("plugins=[MixedPrecision]): DeepSpeed casts the model and scales")):
+        Fabric(accelerator="cpu", devices=2, strategy="deepspeed", plugins=[plugin])
+
+
+@pytest.mark.parametrize(
+    ("precision", "fp16", "bf16"),
+    [("32-true", False, False), ("bf16-mixed", False, True), ("16-true", True, False), ("bf16-true", False, True)],
+)
+def test_auto_sections_follow_the_precision(precision: str, fp16: bool, bf16: bool, no_cluster_env: None) -> None:
+    # HF Accelerate / Transformers configs say "auto"; a non-empty string must not count as enabled.
+    for key in ("bf16", "bfloat16"):
+        config = {"fp16": {"enabled": "auto", "loss_scale": 0}, key: {"enabled": "auto"}}
+        strategy = DeepSpeedStrategy(config=config)
+        Fabric(accelerator="cpu", devices=2, strategy=strategy, precision=precision)
+        assert strategy.config["fp16"]["enabled"] is fp16
+        assert strategy.config[key]["enabled"] is bf16
+        assert strategy.config["fp16"]["loss_scale"] == 0  # the rest of the section is the user's
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four CUDA devices as torch's public functions report them; nothing touches a real GPU before launch."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+@pytest.mark.parametrize(
+    ("devices", "visible", "fix"),
+    [
+        ([1], None, "CUDA_VISIBLE_DEVICES=1 and pass devices=1"),
+        ([2, 3], None, "CUDA_VISIBLE_DEVICES=2,3 and pass devices=2"),
+        ("1,2", "4,5,6,7", "CUDA_VISIBLE_DEVICES=5,6 and pass devices=2"),
+    ],
+)
+def test_chosen_gpu_indices_are_refused_with_the_visible_devices_fix(
+    devices: object, visible: str | None, fix: str, fake_gpus: None, no_cluster_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    with pytest.raises(ValueError, match=r"DeepSpeed places local rank i on cuda:i and cannot use other GPU") as err:
+        Fabric(accelerator="cuda", devices=devices, strategy="deepspeed")
+    assert str(err.value).endswith(f"start with {fix}.")
+
+
+def test_the_first_gpus_are_what_deepspeed_uses(fake_gpus: None, no_cluster_env: None) -> None:
+    for devices in (2, [0, 1], "0,1"):
+        strategy = Fabric(accelerator="cuda", devices=devices, strategy="deepspeed").strategy
+        assert strategy.parallel_devices == [torch.device("cuda", 0), torch.device("cuda", 1)]  # type: ignore
+
+
+@pytest.mark.parametrize(
+    ("precision", "method", "message"),
+    [
+        ("16-true", "is_fp16_supported", "accelerator has no float16 support on this machine. Use precision='bf16"),
+        ("bf16-mixed", "is_bf16_supported", "accelerator has no bfloat16 support on this machine. Use precision='16"),
+    ],
+)
+def test_a_dtype_deepspeed_lacks_here_is_named_at_launch(
+    precision: str, method: str, message: str, no_cluster_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed")
+    from deepspeed.accelerator import get_accelerator
+
+    monkeypatch.setattr(type(get_accelerator()), method, lambda self: False)
+    fabric = Fabric(accelerator="cpu", devices=1, strategy="deepspeed", precision=precision)
+    with pytest.raises(RuntimeError, match=_escaped(f"precision={precision!r}): DeepSpeed's 'cpu' {message}")):
+        fabric.launch()
 
 
 def test_registry_names(no_cluster_env: None) -> None:

@@ -15,6 +15,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from fabric import Fabric, MixedPrecision, Precision
+from fabric.precision.fsdp import FSDPPrecision, as_fsdp_precision
 from fabric.strategies import STRATEGY_REGISTRY, FSDPStrategy
 from fabric.strategies import _fsdp_utils as utils
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
@@ -54,7 +55,7 @@ def test_precision_maps_to_a_mixed_precision_policy(precision: str, param_dtype:
 
 
 def test_16_mixed_computes_in_float16_and_reduces_in_float32() -> None:
-    policy = utils.mixed_precision_policy(MixedPrecision("16-mixed", device="cpu"))
+    policy = FSDPPrecision("16-mixed", device="cpu").mixed_precision_config
     assert policy == MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
 
 
@@ -66,10 +67,10 @@ def test_explicit_policy_overrides_the_precision_flag() -> None:
 
 def test_float16_loss_scaler_becomes_the_sharded_one() -> None:
     with pytest.warns(UserWarning, match="CUDA is not available"):
-        swapped = utils.with_sharded_scaler(MixedPrecision("16-mixed", device="cuda"))
-    assert isinstance(swapped, MixedPrecision) and isinstance(swapped.scaler, ShardedGradScaler)
-    plain = Precision()
-    assert utils.with_sharded_scaler(plain) is plain
+        swapped = as_fsdp_precision(MixedPrecision("16-mixed", device="cuda"), "FSDPStrategy")
+    assert isinstance(swapped, FSDPPrecision) and isinstance(swapped.scaler, ShardedGradScaler)
+    plain = as_fsdp_precision(Precision(), "FSDPStrategy")
+    assert isinstance(plain, FSDPPrecision) and plain.precision == "32-true" and plain.scaler is None
 
 
 def test_precision_fsdp_cannot_honour_fails_when_fabric_is_built() -> None:
