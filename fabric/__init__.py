@@ -20,9 +20,19 @@ from fabric.environments import (
 )
 from fabric.fabric import Fabric
 from fabric.io import CheckpointIO, TorchCheckpointIO
-from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from fabric.precision import (
+    BitsandbytesPrecision,
+    DeepSpeedPrecision,
+    DoublePrecision,
+    FSDPPrecision,
+    HalfPrecision,
+    MixedPrecision,
+    Precision,
+    TransformerEnginePrecision,
+)
 from fabric.strategies import (
     STRATEGY_REGISTRY,
+    DataParallelStrategy,
     DDPStrategy,
     DeepSpeedStrategy,
     FSDPStrategy,
@@ -39,14 +49,18 @@ __all__ = [
     "ACCELERATOR_REGISTRY",
     "STRATEGY_REGISTRY",
     "Accelerator",
+    "BitsandbytesPrecision",
     "CPUAccelerator",
     "CUDAAccelerator",
     "CheckpointIO",
     "ClusterEnvironment",
     "DDPStrategy",
+    "DataParallelStrategy",
+    "DeepSpeedPrecision",
     "DeepSpeedStrategy",
     "DefaultEnvironment",
     "DoublePrecision",
+    "FSDPPrecision",
     "FSDPStrategy",
     "Fabric",
     "HalfPrecision",
@@ -65,5 +79,6 @@ __all__ = [
     "Strategy",
     "TorchCheckpointIO",
     "TorchElasticEnvironment",
+    "TransformerEnginePrecision",
     "seed_everything",
 ]

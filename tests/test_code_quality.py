@@ -35,7 +35,8 @@ def test_mypy_clean() -> None:
 def test_import_does_not_load_optional_heavy_packages() -> None:
     code = (
         "import sys, fabric\n"
-        "heavy = ('deepspeed', 'torch_xla', 'tensorboard', 'torch._dynamo', 'lightning', 'accelerate')\n"
+        "heavy = ('deepspeed', 'torch_xla', 'tensorboard', 'torch._dynamo', 'lightning', 'accelerate',\n"
+        "         'bitsandbytes', 'transformer_engine', 'fairscale', 'matplotlib', 's3fs', 'moto')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy or m.startswith('torch._dynamo')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
