@@ -5,11 +5,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import pickle
 import shutil
 from pathlib import Path
 from typing import Any
 
+from fabric.io._load import UnsafeCheckpointError
+from fabric.strategies._sharded_safe import load_metadata
 from fabric.utilities.exceptions import FabricValueError
 
 METADATA_FILE = ".metadata"  # the name torch.distributed.checkpoint's FileSystemWriter gives it
@@ -53,7 +54,7 @@ def missing_path_error(path: Path, op: str = "load") -> FileNotFoundError:
     return FileNotFoundError(message)
 
 
-def read_checked_metadata(path: Path, op: str = "load") -> Any:
+def read_checked_metadata(path: Path, op: str = "load", weights_only: bool | None = None) -> Any:
     """Read `.metadata` and verify that every file and byte range it refers to is present; return the metadata."""
     if not path.exists():
         raise missing_path_error(path, op)
@@ -72,7 +73,9 @@ def read_checked_metadata(path: Path, op: str = "load") -> Any:
         )
     try:
         with metadata_path.open("rb") as handle:
-            metadata = pickle.load(handle)
+            metadata = load_metadata(handle, str(path), op, weights_only)
+    except UnsafeCheckpointError:
+        raise
     except Exception as err:
         raise RuntimeError(
             f"{op}({str(path)!r}): the checkpoint's {METADATA_FILE} cannot be read ({type(err).__name__}: {err}); "
