@@ -54,14 +54,25 @@ def torch_load(
     except pickle.UnpicklingError as err:
         message = str(err)
         if safe and "Weights only load failed" in message and "GLOBAL" in message:
-            raise refused(path, op, _REFUSED.findall(message)) from None
+            raise refused(path, op, _unsafe_globals(source) or _REFUSED.findall(message)) from None
         raise unreadable(path, op, _first_cause(err)) from None
-    except (EOFError, KeyError, UnicodeDecodeError) as err:
+    except (EOFError, KeyError, IndexError, ValueError, AssertionError, UnicodeDecodeError) as err:
+        # What torch's (weights-only) unpickler raises on bytes that are no pickle at all.
         raise unreadable(path, op, err) from None
     except RuntimeError as err:
         if any(marker in str(err) for marker in _UNREADABLE_RUNTIME):
             raise unreadable(path, op, err) from None
         raise
+
+
+def _unsafe_globals(source: str | IO[bytes]) -> list[str]:
+    """Every global the checkpoint would import that weights_only forbids (found statically, nothing runs)."""
+    try:
+        if not isinstance(source, str):
+            source.seek(0)
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(source))
+    except Exception:  # a legacy (non-zip) file: torch's own message names the first one
+        return []
 
 
 def _first_cause(err: pickle.UnpicklingError) -> BaseException:

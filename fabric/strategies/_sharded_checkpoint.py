@@ -15,7 +15,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric.io import _fsspec
-from fabric.io._load import DeviceRecorder, torch_load
+from fabric.io._load import DeviceRecorder, UnsafeCheckpointError, torch_load
 from fabric.strategies import _sharded_files as files
 from fabric.strategies import _sharded_safe as safe
 from fabric.strategies import _sharded_state as states
@@ -308,6 +308,9 @@ def _reported(op: str, path: Path, doing: str) -> Iterator[None]:
     try:
         yield
     except CheckpointException as err:
+        for exc, _ in err.failures.values():
+            if isinstance(exc, UnsafeCheckpointError):
+                raise exc from None  # already names the path and the way to opt in
         causes = "; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in err.failures.items())
         after = "The checkpoint at this path was not changed. " if op == "save" else ""
         raise RuntimeError(
