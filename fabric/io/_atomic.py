@@ -37,8 +37,9 @@ def _start_time(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _writer_tag() -> str:
-    pid = os.getpid()
+def _writer_tag(pid: int | None = None) -> str:
+    """Who writes a temporary file: host, boot, pid and the process's start time (this process by default)."""
+    pid = os.getpid() if pid is None else pid
     return f"{_host()}-{_boot_id()}-{pid}-{_start_time(pid)}"
 
 
