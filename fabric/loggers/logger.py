@@ -71,7 +71,10 @@ class _VersionedLogger(Logger):
     """Directory layout shared by the file loggers: ``root_dir/name/version_N``."""
 
     def __init__(self, root_dir: str | Path, name: str | None, version: int | str | None) -> None:
-        self._root_dir = os.fspath(root_dir)
+        from fabric.io._fsspec import local_only
+
+        # A URL would otherwise become a local folder named after its scheme ('s3:'); file:// is a local path.
+        self._root_dir = os.fspath(local_only(root_dir, f"{type(self).__name__}(root_dir=...)", "log directories"))
         self._name = name or ""
         self._version = version
 
