@@ -4,7 +4,6 @@ there and never to a local folder named after the scheme; saves publish atomical
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,42 +107,6 @@ def _installed(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A moto S3 server on loopback, reached through the standard AWS environment variables."""
-    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install torchfabric[s3])")
-    server_module = pytest.importorskip("moto.server", reason="moto[server] is not installed")
-    port = _free_port()
-    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ENDPOINT_URL_S3": endpoint,
-    }.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()
-    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
-    fs.mkdir("fabric-test")
-    try:
-        yield "s3://fabric-test"
-    finally:
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.stop()
 
 
 def test_s3_round_trip_and_atomic_overwrite(in_tmp: Path, s3_bucket: str) -> None:

@@ -133,25 +133,3 @@ def test_hyperparams_are_merged_into_json(tmp_path: Path) -> None:
 def test_bad_hyperparams_type_raises(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"log_hyperparams\(params=int\): hyperparameters must be a dict"):
         CSVLogger(tmp_path).log_hyperparams(3)
-
-
-@pytest.mark.parametrize("url", ["memory://logs", "s3://bucket/logs"])
-def test_a_url_root_dir_is_refused_instead_of_becoming_a_local_folder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
-) -> None:
-    from fabric.loggers import CSVLogger, TensorBoardLogger
-
-    monkeypatch.chdir(tmp_path)
-    for logger_class in (CSVLogger, TensorBoardLogger):
-        with pytest.raises(ValueError, match=r"root_dir=\.\.\.\)\('.*'\): log directories cannot be written to"):
-            logger_class(url)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_a_file_url_root_dir_is_a_local_directory(tmp_path: Path) -> None:
-    from fabric.loggers import CSVLogger
-
-    logger = CSVLogger(f"file://{tmp_path}", name="exp")
-    logger.log_metrics({"loss": 1.0}, step=0)
-    logger.save()
-    assert (tmp_path / "exp" / "version_0" / "metrics.csv").is_file()
