@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from torch.nn import Module
 from torch.optim import Optimizer
@@ -17,6 +17,7 @@ from torch.optim import Optimizer
 from fabric.io import _fsspec
 from fabric.io._load import DeviceRecorder, UnsafeCheckpointError, torch_load
 from fabric.strategies import _sharded_files as files
+from fabric.strategies import _sharded_remote as remote
 from fabric.strategies import _sharded_safe as safe
 from fabric.strategies import _sharded_state as states
 from fabric.strategies._checkpoint import place_plain, unwrap
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
     """Whether `path` is a DCP checkpoint directory (complete or not: loading it names what is missing)."""
-    return files.is_dcp_directory(Path(path))
+    if _fsspec.is_url(path):
+        return remote.is_dcp_url(str(path))
+    return files.is_dcp_directory(_fsspec.local(path))
 
 
 def save_sharded(
@@ -40,10 +43,13 @@ def save_sharded(
     barrier: Callable[[], None],
 ) -> None:
     """Every rank writes its shards into a staging directory; once all are written, rank 0 swaps it into place."""
+    if _fsspec.is_url(path):
+        _save_sharded_remote(str(path), state, filter, world_size, global_rank, barrier)
+        return
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint import save as dcp_save
 
-    path = _local(path, "save")
+    path = _fsspec.local(path)
     if path.is_file():
         raise FileExistsError(
             f"save({str(path)!r}): a file exists at this path, and a sharded checkpoint is a directory. Choose "
@@ -86,7 +92,9 @@ def load(
     """Restore `state` in place from a DCP directory or a full file; return the entries `state` did not ask for.
 
     Unless `weights_only` is False, nothing that could run code is unpickled (see _sharded_safe)."""
-    path = _local(path, "load")
+    if _fsspec.is_url(path):
+        return _load_remote(str(path), state, strict, weights_only)
+    path = _fsspec.local(path)
     if not path.exists():
         raise files.missing_path_error(path)
     if path.is_dir():
@@ -96,7 +104,10 @@ def load(
 
 def consolidate(path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
     """One process, no process group: read a whole DCP directory into a nested dict of regular tensors."""
-    path = _local(path, "consolidate")
+    if _fsspec.is_url(path):
+        remote.read_checked_metadata(str(path), "consolidate", weights_only)
+        return _read_entries(str(path), keys=None, distributed=False, weights_only=weights_only, op="consolidate")
+    path = _fsspec.local(path)
     if not path.exists():
         raise files.missing_path_error(path, "consolidate")
     if path.is_file():
@@ -108,8 +119,43 @@ def consolidate(path: str | Path, weights_only: bool | None = None) -> dict[str,
     return _read_entries(path, keys=None, distributed=False, weights_only=weights_only, op="consolidate")
 
 
-def _local(path: str | Path, op: str) -> Path:
-    return _fsspec.local_only(path, op, "sharded (directory) checkpoints")
+def _save_sharded_remote(
+    url: str,
+    state: dict[str, Any],
+    filter: dict[str, Callable[[str, Any], bool]] | None,
+    world_size: int,
+    global_rank: int,
+    barrier: Callable[[], None],
+) -> None:
+    """As save_sharded, onto a URL: shards go to a staging prefix, which rank 0 publishes (see _sharded_remote)."""
+    from torch.distributed.checkpoint import save as dcp_save
+
+    converted = states.convert("save", state, filter, full=False)
+    if global_rank == 0:
+        remote.prepare_staging(url)
+    barrier()
+    try:
+        with _quiet_single_process(), _reported("save", url, "writing"):
+            dcp_save(converted, storage_writer=remote.writer(url), no_dist=world_size == 1)
+    except BaseException:
+        if global_rank == 0:
+            remote.discard_staging(url)
+        raise
+    barrier()
+    if global_rank == 0:
+        remote.publish(url)
+    barrier()
+
+
+def _load_remote(
+    url: str, state: dict[str, Any] | Module | Optimizer | None, strict: bool, weights_only: bool | None
+) -> dict[str, Any]:
+    if remote.is_dcp_url(url):
+        return _load_sharded(url, state, strict, weights_only)
+    from fabric.io.torch_io import _read_remote
+
+    data, _ = _read_remote(url)
+    return _load_full(url, state, strict, weights_only, source=data)
 
 
 # -- sharded directories ------------------------------------------------------------------------------
@@ -136,9 +182,12 @@ class _Layout:
 
 
 def _load_sharded(
-    path: Path, state: dict[str, Any] | Module | Optimizer | None, strict: bool, weights_only: bool | None
+    path: Path | str, state: dict[str, Any] | Module | Optimizer | None, strict: bool, weights_only: bool | None
 ) -> dict[str, Any]:
-    layout = _Layout(files.read_checked_metadata(path, "load", weights_only))
+    if isinstance(path, str):
+        layout = _Layout(remote.read_checked_metadata(path, "load", weights_only))
+    else:
+        layout = _Layout(files.read_checked_metadata(path, "load", weights_only))
     if state is None:
         return _read_entries(path, keys=None, distributed=states.distributed(), weights_only=weights_only)
     target = unwrap(state)
@@ -166,7 +215,7 @@ def _load_sharded(
 
 
 def _load_raw_module(
-    path: Path, module: Module, layout: _Layout, strict: bool, weights_only: bool | None
+    path: Path | str, module: Module, layout: _Layout, strict: bool, weights_only: bool | None
 ) -> dict[str, Any]:
     """load_raw: the whole checkpoint is one module's state dict, keyed by its parameter names."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
@@ -187,7 +236,7 @@ def _state_type_error(state: object) -> FabricTypeError:
     )
 
 
-def _check_missing(path: Path, state: dict[str, Any], saved: set[str], strict: bool) -> None:
+def _check_missing(path: Path | str, state: dict[str, Any], saved: set[str], strict: bool) -> None:
     missing = [key for key in state if key not in saved]
     if missing and strict:
         raise KeyError(
@@ -196,7 +245,9 @@ def _check_missing(path: Path, state: dict[str, Any], saved: set[str], strict: b
         )
 
 
-def _check_entry(path: Path, key: str, target: dict[str, Any], layout: _Layout, strict: bool, is_module: bool) -> None:
+def _check_entry(
+    path: Path | str, key: str, target: dict[str, Any], layout: _Layout, strict: bool, is_module: bool
+) -> None:
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     expected, _ = flatten_state_dict({key: target})
@@ -207,7 +258,7 @@ def _check_entry(path: Path, key: str, target: dict[str, Any], layout: _Layout, 
     states.check_shapes(where, expected, saved)
 
 
-def _read_into(path: Path, targets: dict[str, Any], strict: bool, weights_only: bool | None) -> None:
+def _read_into(path: Path | str, targets: dict[str, Any], strict: bool, weights_only: bool | None) -> None:
     """DCP reads each rank's part of the saved tensors straight into `targets` (resharding as needed)."""
     from torch.distributed.checkpoint import load as dcp_load
 
@@ -217,7 +268,7 @@ def _read_into(path: Path, targets: dict[str, Any], strict: bool, weights_only: 
 
 
 def _read_entries(
-    path: Path, keys: set[str] | None, distributed: bool, weights_only: bool | None, op: str = "load"
+    path: Path | str, keys: set[str] | None, distributed: bool, weights_only: bool | None, op: str = "load"
 ) -> dict[str, Any]:
     """Whole entries rebuilt from the metadata (regular tensors, unsharded), for values that are not modules."""
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -247,12 +298,19 @@ def _restore_plain(state: dict[str, Any], values: dict[str, Any], skip: set[str]
 
 # -- full files -------------------------------------------------------------------------------------
 def _load_full(
-    path: Path, state: dict[str, Any] | Module | Optimizer | None, strict: bool, weights_only: bool | None
+    path: Path | str,
+    state: dict[str, Any] | Module | Optimizer | None,
+    strict: bool,
+    weights_only: bool | None,
+    source: IO[bytes] | None = None,
 ) -> dict[str, Any]:
     # mmap: each rank maps the file instead of reading a full copy of every tensor into memory. Everything lands on
     # CPU; only plain tensors go back to the device they were saved from (modules and optimizers copy themselves).
     recorder = DeviceRecorder()
-    checkpoint = torch_load(str(path), str(path), "load", recorder, weights_only, mmap=True)
+    if source is None:
+        checkpoint = torch_load(str(path), str(path), "load", recorder, weights_only, mmap=True)
+    else:  # a URL's bytes, already read into memory
+        checkpoint = torch_load(source, str(path), "load", recorder, weights_only)
     checkpoint = place_plain(checkpoint, state, recorder.restore)
     if state is None:
         return checkpoint
@@ -280,7 +338,7 @@ def _load_full(
     return _restore_plain(state, remainder, skip=set(optimizers))
 
 
-def _load_full_module(path: Path, key: str, module: Module, saved: dict[str, Any], strict: bool) -> None:
+def _load_full_module(path: Path | str, key: str, module: Module, saved: dict[str, Any], strict: bool) -> None:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     expected = get_model_state_dict(module)
@@ -300,7 +358,7 @@ def _quiet_single_process() -> Iterator[None]:
 
 
 @contextmanager
-def _reported(op: str, path: Path, doing: str) -> Iterator[None]:
+def _reported(op: str, path: Path | str, doing: str) -> Iterator[None]:
     """DCP's CheckpointException derives from BaseException (so `except Exception` misses it) and prints whole
     tracebacks; turn it into one RuntimeError that names each failing rank's error."""
     from torch.distributed.checkpoint.api import CheckpointException

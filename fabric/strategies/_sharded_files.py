@@ -6,6 +6,7 @@ import ctypes
 import errno
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,21 +86,35 @@ def read_checked_metadata(path: Path, op: str = "load", weights_only: bool | Non
     return metadata
 
 
+def _local_size(path: Path) -> Callable[[str], int | None]:
+    def size_of(name: str) -> int | None:
+        file = path / name
+        return file.stat().st_size if file.is_file() else None
+
+    return size_of
+
+
 def _check_storage(path: Path, metadata: Any, op: str) -> None:
+    check_storage(str(path), metadata, op, _local_size(path))
+
+
+def check_storage(path: str, metadata: Any, op: str, size_of: Callable[[str], int | None]) -> None:
+    """Every file and byte range the metadata refers to must exist (`size_of` gives a file's size or None)."""
     storage = getattr(metadata, "storage_data", None)
     if not isinstance(storage, dict):
         raise RuntimeError(
-            f"{op}({str(path)!r}): the checkpoint's {METADATA_FILE} lists no storage files; it was not written "
+            f"{op}({path!r}): the checkpoint's {METADATA_FILE} lists no storage files; it was not written "
             "by torch.distributed.checkpoint's FileSystemWriter. Load a checkpoint saved by fabric."
         )
     needed: dict[str, int] = {}  # file -> the end of the last byte range read from it
     for info in storage.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
-    missing = [name for name in needed if not (path / name).is_file()]
+    sizes = {name: size_of(name) for name in needed}
+    missing = [name for name, size in sizes.items() if size is None]
     short = [
-        f"{name} ({(path / name).stat().st_size} of {end} bytes)"
-        for name, end in needed.items()
-        if name not in missing and (path / name).stat().st_size < end
+        f"{name} ({size} of {needed[name]} bytes)"
+        for name, size in sizes.items()
+        if size is not None and size < needed[name]
     ]
     if missing or short:
         problems = []
@@ -108,7 +123,7 @@ def _check_storage(path: Path, metadata: Any, op: str) -> None:
         if short:
             problems.append(f"truncated files: {_listing(short)}")
         raise RuntimeError(
-            f"{op}({str(path)!r}): the checkpoint is incomplete: {'; '.join(problems)}. Its {METADATA_FILE} "
+            f"{op}({path!r}): the checkpoint is incomplete: {'; '.join(problems)}. Its {METADATA_FILE} "
             "refers to them; copy the whole directory again, or load an earlier checkpoint."
         )
 

@@ -68,11 +68,16 @@ def load_metadata(file: IO[bytes] | Any, path: str, op: str, weights_only: bool 
 
 
 def reader(path: str, op: str, weights_only: bool | None) -> Any:
-    """A DCP FileSystemReader whose metadata is read through `load_metadata`."""
+    """A DCP storage reader (FsspecReader for a URL) whose metadata is read through `load_metadata`."""
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.storage import StorageMeta
 
-    class _SafeReader(FileSystemReader):
+    from fabric.io import _fsspec
+
+    base = FsspecReader if _fsspec.is_url(path) else FileSystemReader
+
+    class _SafeReader(base):  # type: ignore[valid-type,misc]
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             metadata_path = self._get_metadata_path(kwargs.get("rank"))
             with self.fs.create_stream(metadata_path, "rb") as handle:
