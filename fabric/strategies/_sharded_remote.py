@@ -60,10 +60,13 @@ def read_checked_metadata(url: str, op: str, weights_only: bool | None) -> Any:
                 f"{op}({url!r}): this is not a torch.distributed.checkpoint (sharded) checkpoint: it has no "
                 f"{files.METADATA_FILE} and no .distcp files. Pass a directory written by a sharded save."
             )
-        raise RuntimeError(
+        message = (
             f"{op}({url!r}): the checkpoint is incomplete: {files.METADATA_FILE} is missing. The save that wrote it "
             "did not finish; load an earlier checkpoint."
         )
+        if fs.exists(f"{_fsspec.filesystem(staging_url(url), op)[1]}/{files.METADATA_FILE}"):
+            message += f" The complete new checkpoint is at {staging_url(url)!r}: copy it to {url!r} to load it."
+        raise RuntimeError(message)
     try:
         with fs.open(metadata_path, "rb") as handle:
             metadata = load_metadata(handle, url, op, weights_only)

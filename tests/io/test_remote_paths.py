@@ -95,11 +95,11 @@ def test_a_url_in_a_pathlib_path_is_refused(in_tmp: Path) -> None:
     assert list(in_tmp.iterdir()) == []
 
 
-def test_sharded_directories_refuse_urls_clearly(in_tmp: Path) -> None:
-    from fabric.strategies import _sharded_checkpoint
+def test_deepspeed_directories_refuse_urls_clearly(in_tmp: Path) -> None:
+    from fabric.strategies import _deepspeed_checkpoint
 
-    with pytest.raises(ValueError, match=r"sharded \(directory\) checkpoints cannot be written to or read from a URL"):
-        _sharded_checkpoint.load("memory://x/ckpt", None, strict=True)
+    with pytest.raises(ValueError, match=r"DeepSpeed checkpoints cannot be written to or read from a URL yet"):
+        _deepspeed_checkpoint.consolidate_deepspeed("memory://x/ckpt")
     assert list(in_tmp.iterdir()) == []
 
 

@@ -121,3 +121,19 @@ def test_missing_remote_shard_is_named(in_tmp: Path, memory_url: str) -> None:
     fs.rm(shard)
     with pytest.raises(RuntimeError, match=r"the checkpoint is incomplete: missing files: __0_0.distcp"):
         sc.load(memory_url, {"model": model}, strict=True)
+
+
+def test_a_half_published_checkpoint_points_at_the_staged_one(in_tmp: Path, memory_url: str) -> None:
+    import fsspec
+
+    from fabric.strategies import _sharded_remote
+
+    model, _ = _trained(0)
+    _save(memory_url, {"model": model})
+    fs = fsspec.filesystem("memory")
+    # What a process killed while publishing leaves: shards at the path, no .metadata; the staged copy complete.
+    fs.copy("/fabric-sharded/ckpt", "/fabric-sharded/.ckpt.saving", recursive=True)
+    fs.rm("/fabric-sharded/ckpt/.metadata")
+    with pytest.raises(RuntimeError, match=r"incomplete: .metadata is missing.*complete new checkpoint is at"):
+        sc.load(memory_url, {"model": model}, strict=True)
+    assert _sharded_remote.staging_url(memory_url) == "memory://fabric-sharded/.ckpt.saving"
