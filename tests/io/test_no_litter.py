@@ -89,3 +89,20 @@ def test_a_save_to_an_unwritable_place_names_the_users_path(tmp_path: Path) -> N
     with pytest.raises(OSError, match=r"save\('.*/file/last.ckpt'\): the checkpoint could not be written") as info:
         TorchCheckpointIO().save_checkpoint({"w": torch.ones(2)}, path)
     assert ".fabric-tmp" not in str(info.value)
+
+
+def test_the_directory_is_synced_after_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stat
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        # The rename must already be visible when the directory is synced.
+        synced.append(f"{kind}:{(tmp_path / 'last.ckpt').exists()}")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    TorchCheckpointIO().save_checkpoint({"step": 1}, tmp_path / "last.ckpt")
+    assert synced == ["file:False", "dir:True"]

@@ -79,6 +79,12 @@ def _round_trip(url: str, tmp_path: Path) -> None:
     assert cli_main(["consolidate", url, str(output)]) == 0
     whole = torch.load(output)
     assert whole["step"] == 6 and torch.equal(whole["model"]["0.weight"], newer.state_dict()["0.weight"])
+    # The output may be a URL as well; an existing one is refused without --force.
+    remote_output = f"{url}-whole.pt"
+    assert cli_main(["consolidate", url, remote_output]) == 0
+    assert Fabric(accelerator="cpu", devices=1).load(remote_output)["step"] == 6
+    assert cli_main(["consolidate", url, remote_output]) == 2
+    assert cli_main(["consolidate", url, remote_output, "--force"]) == 0
 
 
 def test_sharded_round_trip_on_memory_url(in_tmp: Path, memory_url: str) -> None:
@@ -86,7 +92,7 @@ def test_sharded_round_trip_on_memory_url(in_tmp: Path, memory_url: str) -> None
 
     _round_trip(memory_url, in_tmp)
     fs = fsspec.filesystem("memory")
-    assert [p.rsplit("/", 1)[-1] for p in fs.ls("/fabric-sharded", detail=False)] == ["ckpt"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("/fabric-sharded", detail=False)) == ["ckpt", "ckpt-whole.pt"]
     assert sorted(p.name for p in in_tmp.iterdir()) == ["whole.pt"]
 
 
