@@ -15,8 +15,15 @@ class RemoteDirectory:
     def __init__(self, url: str, op: str) -> None:
         self.url = url.rstrip("/")
         self._op = op
-        self.mirror = Path(tempfile.mkdtemp(prefix="fabric-logs-"))
+        self._mirror: Path | None = None
         _fsspec.filesystem(self.url, op)  # a missing backend package is an error now, not at the first flush
+
+    @property
+    def mirror(self) -> Path:
+        """The local folder, created on first use (loggers create nothing before their first write)."""
+        if self._mirror is None:
+            self._mirror = Path(tempfile.mkdtemp(prefix="fabric-logs-"))
+        return self._mirror
 
     def join(self, *parts: str) -> str:
         """The URL of `parts` below this directory."""
