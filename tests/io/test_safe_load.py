@@ -18,6 +18,8 @@ from torch import nn
 from fabric import Fabric
 from fabric.cli import main as cli_main
 
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
 REFUSED = r"refused to load the checkpoint for safety.*weights_only=False"
 
 
