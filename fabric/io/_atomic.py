@@ -16,7 +16,12 @@ _SUFFIX = ".fabric-tmp"
 
 
 def _host() -> str:
-    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+    """This machine and pid namespace: containers on one host share its boot id but not their pids."""
+    try:
+        namespace = str(Path("/proc/self/ns/pid").readlink())
+    except OSError:
+        namespace = ""
+    return hashlib.sha1(f"{socket.gethostname()}|{namespace}".encode()).hexdigest()[:8]
 
 
 def _boot_id() -> str:
