@@ -141,6 +141,15 @@ def _add_consolidate(commands: Any) -> None:
     consolidate.add_argument(
         "--force", action="store_true", help="Replace OUTPUT_FILE if it exists. Default: refuse to overwrite it."
     )
+    consolidate.add_argument(
+        "--weights-only",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=(
+            "Unpickle only tensors and plain Python values, never objects whose loading could run code. "
+            "--no-weights-only reads any pickled object: use it only for checkpoints you trust. Default: on."
+        ),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -285,34 +294,48 @@ def _torchrun(torchrun_argv: list[str]) -> int:
     return 0
 
 
-def _read_whole(checkpoint: str) -> dict[str, Any]:
+def _read_whole(checkpoint: str, weights_only: bool) -> dict[str, Any]:
     """A torch.distributed.checkpoint directory or a DeepSpeed one, as one plain dict."""
     from fabric.strategies import _deepspeed_checkpoint, _sharded_checkpoint
 
     if _deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint):
-        return _deepspeed_checkpoint.consolidate_deepspeed(checkpoint)
-    return _sharded_checkpoint.consolidate(checkpoint)
+        return _deepspeed_checkpoint.consolidate_deepspeed(checkpoint, weights_only)
+    return _sharded_checkpoint.consolidate(checkpoint, weights_only)
+
+
+def _check_output(output: str, force: bool) -> None:
+    """OUTPUT_FILE (a local path or an fsspec URL) must be a file name, and new unless --force."""
+    from fabric.io import _fsspec
+
+    if _fsspec.is_url(output):
+        fs, inner = _fsspec.filesystem(output, "consolidate")
+        is_dir, exists = fs.isdir(inner), fs.exists(inner)
+    else:
+        local = _fsspec.local(output)
+        is_dir, exists = local.is_dir(), local.exists()
+    if is_dir:
+        raise _CLIError(f"OUTPUT_FILE {output!r} is a directory. Name a file, such as model.pt.")
+    if exists and not force:
+        raise _CLIError(
+            f"OUTPUT_FILE {output!r} already exists, and consolidating would replace it. Choose another "
+            "name, or pass --force to replace it."
+        )
 
 
 def _consolidate(args: argparse.Namespace) -> int:
     """`fabric consolidate`: the checks that need no torch.distributed first, then the conversion."""
-    output = Path(args.output)
-    try:
-        if output.is_dir():
-            raise _CLIError(f"OUTPUT_FILE {args.output!r} is a directory. Name a file, such as model.pt.")
-        if output.exists() and not args.force:
-            raise _CLIError(
-                f"OUTPUT_FILE {args.output!r} already exists, and consolidating would replace it. Choose another "
-                "name, or pass --force to replace it."
-            )
-        from fabric.io.torch_io import TorchCheckpointIO
+    import pickle
 
+    try:
         try:
-            whole = _read_whole(args.checkpoint)
-        except (OSError, ValueError, RuntimeError, ImportError) as err:
+            _check_output(args.output, args.force)
+            from fabric.io.torch_io import TorchCheckpointIO
+
+            whole = _read_whole(args.checkpoint, args.weights_only)
+            # TorchCheckpointIO publishes the file in one step: no half-written OUTPUT_FILE on failure.
+            TorchCheckpointIO().save_checkpoint(whole, args.output)
+        except (OSError, ValueError, RuntimeError, ImportError, pickle.UnpicklingError) as err:
             raise _CLIError(str(err)) from None
-        # TorchCheckpointIO writes to a temporary file and renames it: no half-written OUTPUT_FILE on failure.
-        TorchCheckpointIO().save_checkpoint(whole, output)
     except _CLIError as err:
         print(f"fabric consolidate: {err}", file=sys.stderr)
         return 2

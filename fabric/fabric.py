@@ -361,17 +361,30 @@ class Fabric:
         self._strategy.save_checkpoint(path, state, filter=filter)
         self.barrier()
 
-    def load(self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True) -> dict[str, Any]:
-        """Restore `state` in place from a checkpoint; returns what the checkpoint held beyond `state`."""
+    def load(
+        self,
+        path: str | Path,
+        state: dict[str, Any] | None = None,
+        strict: bool = True,
+        *,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Restore `state` in place from a checkpoint; returns what the checkpoint held beyond `state`.
+
+        `path` may be an fsspec URL (``s3://...``). By default (``weights_only=None`` or True) only tensors and
+        plain Python values are unpickled; pass ``weights_only=False`` only for files you trust.
+        """
         self._validate_launched("load")
-        remainder = self._strategy.load_checkpoint(path, state=state, strict=strict)
+        remainder = self._strategy.load_checkpoint(path, state=state, strict=strict, weights_only=weights_only)
         self.barrier()
         return remainder
 
-    def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True) -> None:
+    def load_raw(
+        self, path: str | Path, obj: Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None
+    ) -> None:
         """Load a plain state dict file (e.g. from torch.save(model.state_dict())) into a module or optimizer."""
         self._validate_launched("load_raw")
-        self._strategy.load_checkpoint(path, state=obj, strict=strict)
+        self._strategy.load_checkpoint(path, state=obj, strict=strict, weights_only=weights_only)
 
     # -- callbacks, logging, seeding --------------------------------------------------------------
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:

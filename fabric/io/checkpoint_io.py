@@ -15,8 +15,10 @@ class CheckpointIO(ABC):
         """Write `checkpoint` to `path` so that a failure never leaves a half-written file there."""
 
     @abstractmethod
-    def load_checkpoint(self, path: str | Path, map_location: Any = None) -> dict[str, Any]:
-        """Read the checkpoint at `path`."""
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Read the checkpoint at `path`; unless `weights_only` is False, refuse anything that could run code."""
 
     @abstractmethod
     def remove_checkpoint(self, path: str | Path) -> None:

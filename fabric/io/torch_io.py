@@ -1,75 +1,121 @@
-"""TorchCheckpointIO: torch.save / torch.load with atomic replacement of the target file."""
+"""TorchCheckpointIO: torch.save / torch.load, atomic on local disks and object stores, safe to load by default."""
 
 from __future__ import annotations
 
-import os
+import io
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fabric.io import _atomic, _fsspec
+from fabric.io._load import saved_device_or_cpu, torch_load
 from fabric.io.checkpoint_io import CheckpointIO
-from fabric.utilities.exceptions import FabricTypeError
-
-
-def _default_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
 class TorchCheckpointIO(CheckpointIO):
-    """Saves with torch.save into a temporary file, then renames it over the target."""
+    """Saves with torch.save into a temporary file (or object), then publishes it over the target in one step.
+
+    Paths may be local or fsspec URLs (``s3://bucket/run/last.ckpt``, ``memory://...``); ``storage_options``
+    go to the URL's filesystem (credentials, endpoint, ...).
+    """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        """Write atomically: readers see the old file or the new one, never a partial one."""
-        if storage_options is not None:
-            raise FabricTypeError(
-                f"TorchCheckpointIO.save_checkpoint(storage_options={storage_options!r}): this plugin takes no "
-                "storage options. Pass a CheckpointIO plugin that supports them, or leave them out."
-            )
-        path = Path(path)
-        if path.is_dir():
+        """Write atomically: readers see the old checkpoint or the new one, never a partial one."""
+        options = _fsspec.check_storage_options(storage_options, path, "save")
+        if _fsspec.is_url(path):
+            _save_remote(checkpoint, str(path), options)
+            return
+        target = _fsspec.local(path)
+        if target.is_dir():
             raise IsADirectoryError(
                 f"save({str(path)!r}): the path is a directory, and a single-file checkpoint cannot replace it. "
                 "Choose a file name, or remove the directory first."
             )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Same directory as the target, so the final rename never crosses file systems.
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            # mkstemp creates the file private (0o600); give it the mode a plain torch.save would have.
-            Path(tmp_name).chmod(_default_file_mode())
-            Path(tmp_name).replace(path)
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
-            raise
+            _atomic.write_atomically(target, lambda handle: torch.save(checkpoint, handle))
+        except OSError as err:
+            # The temporary file's name means nothing to the user; name the path they gave.
+            raise type(err)(
+                err.errno,
+                f"save({str(path)!r}): the checkpoint could not be written there ({err.strerror or err}). Check "
+                "that the directory is writable and has free space, or choose another path.",
+            ) from err
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = None) -> dict[str, Any]:
-        """Read a checkpoint; tensors land on CPU unless `map_location` says otherwise."""
-        path = Path(path)
-        if not path.exists():
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Read a checkpoint. Tensors return to the device they were saved from where it exists (CPU otherwise)
+        unless `map_location` says otherwise; arbitrary objects are unpickled only with ``weights_only=False``."""
+        location = map_location if map_location is not None else saved_device_or_cpu
+        if _fsspec.is_url(path):
+            data, where = _read_remote(str(path))
+            return torch_load(data, where, "load", location, weights_only)
+        local = _fsspec.local(path)
+        if not local.exists():
             raise FileNotFoundError(
                 f"load({str(path)!r}): no checkpoint exists at this path. Check the path, or save one first."
             )
-        if path.is_dir():
+        if local.is_dir():
             raise IsADirectoryError(
                 f"load({str(path)!r}): this is a directory, not a single-file checkpoint. "
                 "Pass the checkpoint file inside it, or use a strategy that writes sharded directories."
             )
-        # weights_only=False: checkpoints hold arbitrary user objects (plain values in `state`).
-        return torch.load(path, map_location=map_location or "cpu", weights_only=False)
+        return torch_load(str(local), str(path), "load", location, weights_only)
 
     def remove_checkpoint(self, path: str | Path) -> None:
         """Delete a file or a checkpoint directory."""
-        path = Path(path)
-        if path.is_dir():
-            shutil.rmtree(path)
+        if _fsspec.is_url(path):
+            fs, inner = _fsspec.filesystem(str(path), "remove_checkpoint")
+            if fs.exists(inner):
+                fs.rm(inner, recursive=True)
+            return
+        local = _fsspec.local(path)
+        if local.is_dir():
+            shutil.rmtree(local)
         else:
-            path.unlink(missing_ok=True)
+            local.unlink(missing_ok=True)
+
+
+def _save_remote(checkpoint: dict[str, Any], url: str, storage_options: dict[str, Any] | None) -> None:
+    fs, inner = _fsspec.filesystem(url, "save", storage_options)
+    if fs.isdir(inner):
+        raise IsADirectoryError(
+            f"save({url!r}): the path is a directory, and a single-file checkpoint cannot replace it. Choose a "
+            "file name, or remove the directory first."
+        )
+    # Serialize completely first: an object that fails to pickle never reaches the store.
+    with tempfile.TemporaryDirectory(prefix="fabric-save-") as scratch:
+        local = Path(scratch, "checkpoint")
+        torch.save(checkpoint, local)
+        if _fsspec.scheme(url) in _fsspec.OBJECT_STORES:
+            # One upload (a PUT, or a multipart upload completed only at its end) replaces the object at once.
+            fs.put_file(str(local), inner)
+            return
+        # Stores with real directories: upload beside the target, then rename over it.
+        parent = inner.rsplit("/", 1)[0] if "/" in inner else ""
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        staged = f"{parent}/.{inner.rsplit('/', 1)[-1]}.{uuid.uuid4().hex}{_atomic._SUFFIX}"
+        fs.put_file(str(local), staged)
+        try:
+            fs.mv(staged, inner)
+        except BaseException:
+            if fs.exists(staged):
+                fs.rm(staged)
+            raise
+
+
+def _read_remote(url: str) -> tuple[io.BytesIO, str]:
+    fs, inner = _fsspec.filesystem(url, "load")
+    if not fs.exists(inner):
+        raise FileNotFoundError(f"load({url!r}): no checkpoint exists at this URL. Check it, or save one first.")
+    if fs.isdir(inner):
+        raise IsADirectoryError(
+            f"load({url!r}): this is a directory, not a single-file checkpoint. Pass the checkpoint file inside it."
+        )
+    # torch.load needs a seekable file; one read beats many small ranged requests to a remote store.
+    return io.BytesIO(fs.cat_file(inner)), url

@@ -28,7 +28,8 @@ class CSVLogger(_VersionedLogger):
     every YAML 1.2 parser reads the file as well.
 
     Args:
-        root_dir: the directory experiments are saved under.
+        root_dir: the directory experiments are saved under; an fsspec URL (``s3://bucket/logs``) works too:
+            the files are written to a local mirror and uploaded each time they are flushed.
         name: the experiment name; ``None`` or ``""`` puts versions directly under ``root_dir``.
         version: the experiment version. ``None`` picks the next free ``version_N``; a string is used as
             the directory name.
@@ -65,7 +66,7 @@ class CSVLogger(_VersionedLogger):
     def log_metrics(self, metrics: Mapping[str, float | Tensor], step: int | None = None) -> None:
         """Buffer one row of metrics; it is written every ``flush_logs_every_n_steps`` calls."""
         if self._writer is None:
-            self._writer = _MetricsWriter(Path(self.log_dir) / "metrics.csv")
+            self._writer = _MetricsWriter(Path(self._local_version_dir) / "metrics.csv")
         row = {
             key: _scalar(key, value, "CSVLogger")
             for key, value in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items()
@@ -79,15 +80,17 @@ class CSVLogger(_VersionedLogger):
     def log_hyperparams(self, params: dict[str, Any] | Namespace | Any, *args: Any, **kwargs: Any) -> None:
         """Merge ``params`` into ``hparams.json``; values JSON cannot hold are written as strings."""
         self._hparams.update(_params_to_dict(params, "CSVLogger"))
-        path = Path(self.log_dir) / "hparams.json"
+        path = Path(self._local_version_dir) / "hparams.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self._hparams, indent=2, default=_json_default)
         _atomic_write(path, lambda file: file.write(text + "\n"))
+        self._upload()
 
     def save(self) -> None:
-        """Write buffered metric rows to ``metrics.csv``."""
+        """Write buffered metric rows to ``metrics.csv`` (and upload it, for a URL ``root_dir``)."""
         if self._writer is not None:
             self._writer.flush()
+            self._upload()
 
     def finalize(self, status: str) -> None:
         """Write anything still buffered."""

@@ -8,12 +8,15 @@ from abc import ABC, abstractmethod
 from argparse import Namespace
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 from torch.nn import Module
 
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
+
+if TYPE_CHECKING:
+    from fabric.loggers._remote import RemoteDirectory
 
 
 class Logger(ABC):
@@ -71,7 +74,17 @@ class _VersionedLogger(Logger):
     """Directory layout shared by the file loggers: ``root_dir/name/version_N``."""
 
     def __init__(self, root_dir: str | Path, name: str | None, version: int | str | None) -> None:
-        self._root_dir = os.fspath(root_dir)
+        from fabric.io import _fsspec
+
+        self._remote: RemoteDirectory | None = None
+        if _fsspec.is_url(root_dir):
+            from fabric.loggers._remote import RemoteDirectory
+
+            # Written through a local mirror and uploaded on save; never a local folder named 's3:'.
+            self._remote = RemoteDirectory(str(root_dir), f"{type(self).__name__}(root_dir={str(root_dir)!r})")
+            self._root_dir = self._remote.url
+        else:
+            self._root_dir = os.fspath(_fsspec.local(root_dir))
         self._name = name or ""
         self._version = version
 
@@ -85,28 +98,46 @@ class _VersionedLogger(Logger):
         """The experiment version, chosen on first access when not given."""
         if self._version is None:
             # Chosen once: later accesses must not move to a new directory once this one exists.
-            self._version = _next_version(Path(self._root_dir, self._name))
+            if self._remote is not None:
+                self._version = _next_version_of(self._remote.child_names(self._name))
+            else:
+                self._version = _next_version(Path(self._root_dir, self._name))
         return self._version
 
     @property
     def root_dir(self) -> str:
-        """The directory experiments are saved under."""
+        """The directory (or URL) experiments are saved under."""
         return self._root_dir
 
     @property
     def _version_dir(self) -> str:
+        if self._remote is not None:
+            return self._remote.join(self._name, _version_dir_name(self.version))
         return os.fspath(Path(self._root_dir, self._name, _version_dir_name(self.version)))
+
+    @property
+    def _local_version_dir(self) -> str:
+        """Where the files are written: the version directory, or its local mirror for a URL."""
+        if self._remote is not None:
+            return os.fspath(self._remote.local(self._name, _version_dir_name(self.version)))
+        return self._version_dir
+
+    def _upload(self) -> None:
+        """For a URL: copy the mirrored files of this version to the store."""
+        if self._remote is not None:
+            self._remote.upload(self._name, _version_dir_name(self.version))
 
 
 def _next_version(directory: Path) -> int:
     """Return one more than the highest ``version_N`` directory under ``directory``, or 0 if none."""
     if not directory.is_dir():
         return 0
-    versions = [
-        int(child.name[len("version_") :])
-        for child in directory.iterdir()
-        if child.is_dir() and child.name.startswith("version_") and child.name[len("version_") :].isdigit()
-    ]
+    return _next_version_of([child.name for child in directory.iterdir() if child.is_dir()])
+
+
+def _next_version_of(names: list[str]) -> int:
+    prefix = "version_"
+    versions = [int(n[len(prefix) :]) for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit()]
     return max(versions, default=-1) + 1
 
 

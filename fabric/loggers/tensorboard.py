@@ -28,7 +28,8 @@ class TensorBoardLogger(_VersionedLogger):
     """Log to ``root_dir/name/version_N[/sub_dir]`` in TensorBoard's format.
 
     Args:
-        root_dir: the directory experiments are saved under.
+        root_dir: the directory experiments are saved under; an fsspec URL (``s3://bucket/logs``) works too:
+            the event files are written to a local mirror and uploaded on ``save()`` and ``finalize()``.
         name: the experiment name; ``None`` or ``""`` puts versions directly under ``root_dir``.
         version: the experiment version. ``None`` picks the next free ``version_N``; a string is used as
             the directory name.
@@ -72,8 +73,14 @@ class TensorBoardLogger(_VersionedLogger):
 
     @property
     def log_dir(self) -> str:
-        """The directory the event files go to."""
-        path = Path(self._version_dir, self._sub_dir or "")
+        """The directory (or URL) the event files go to."""
+        if self._remote is not None:
+            return self._version_dir + (f"/{self._sub_dir.strip('/')}" if self._sub_dir else "")
+        return self._local_log_dir
+
+    @property
+    def _local_log_dir(self) -> str:
+        path = Path(self._local_version_dir, self._sub_dir or "")
         return os.fspath(Path(os.path.expandvars(path)).expanduser())
 
     @property
@@ -82,7 +89,7 @@ class TensorBoardLogger(_VersionedLogger):
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._experiment = SummaryWriter(log_dir=self.log_dir, **self._kwargs)
+            self._experiment = SummaryWriter(log_dir=self._local_log_dir, **self._kwargs)
         return self._experiment
 
     def log_metrics(
@@ -135,9 +142,10 @@ class TensorBoardLogger(_VersionedLogger):
         self.experiment.add_graph(model, example)
 
     def save(self) -> None:
-        """Flush pending events to disk."""
+        """Flush pending events to disk (and upload them, for a URL ``root_dir``)."""
         if self._experiment is not None:
             self._experiment.flush()
+            self._upload()
 
     def finalize(self, status: str) -> None:
         """Flush and close the event file; a later call to a ``log_*`` method opens a new one."""
@@ -145,6 +153,7 @@ class TensorBoardLogger(_VersionedLogger):
             self._experiment.flush()
             self._experiment.close()
             self._experiment = None
+            self._upload()
 
 
 def _flatten(params: Mapping[str, Any], parent: str = "") -> dict[str, Any]:

@@ -179,23 +179,32 @@ class _StrategyComponents:
             self.checkpoint_io.save_checkpoint(converted, path, storage_options=storage_options)
 
     def load_checkpoint(
-        self, path: str | Path, state: dict[str, Any] | Module | Optimizer | None = None, strict: bool = True
+        self,
+        path: str | Path,
+        state: dict[str, Any] | Module | Optimizer | None = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Every process reads the file and restores `state` in place; returns what was not consumed.
 
         A sharded checkpoint directory (written by FSDP or model-parallel processes, on any number of them) is
         read through torch.distributed.checkpoint, which gathers the shards this process needs. A DeepSpeed
         checkpoint directory gives its consolidated model weights and other entries, not its optimizer state.
+        Unless `weights_only` is False, nothing that could run code is unpickled.
         """
+        from fabric.io._load import DeviceRecorder
         from fabric.strategies import _deepspeed_checkpoint, _sharded_checkpoint
 
         if _sharded_checkpoint.is_sharded_checkpoint(path):
-            return _sharded_checkpoint.load(path, state, strict)
+            return _sharded_checkpoint.load(path, state, strict, weights_only)
+        recorder = DeviceRecorder(self.root_device)  # type: ignore[attr-defined]
         if _deepspeed_checkpoint.is_deepspeed_checkpoint(path):
             # Model weights and the other entries; ZeRO's flat optimizer shards fit no plain optimizer.
-            checkpoint = _deepspeed_checkpoint.consolidate_deepspeed(path)
+            checkpoint = _deepspeed_checkpoint.consolidate_deepspeed(path, weights_only)
         else:
-            checkpoint = self.checkpoint_io.load_checkpoint(path)
+            # Everything lands on CPU first; only plain tensors go back to their device (see place_plain).
+            checkpoint = self.checkpoint_io.load_checkpoint(path, map_location=recorder, weights_only=weights_only)
+        checkpoint = _checkpoint.place_plain(checkpoint, state, recorder.restore)
         if state is None:
             return checkpoint
         if isinstance(state, (Module, Optimizer)):

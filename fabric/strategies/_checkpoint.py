@@ -81,6 +81,25 @@ def restore_state(state: dict[str, Any], checkpoint: dict[str, Any], strict: boo
     return remainder
 
 
+def place_plain(
+    checkpoint: dict[str, Any], state: dict[str, Any] | Module | Optimizer | None, place: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """Apply `place` (back to the saved device) to the entries that stay plain values: not those a module,
+    optimizer or stateful object in `state` loads itself (load_state_dict copies into the object's own device)."""
+    if isinstance(state, (Module, Optimizer)):
+        return checkpoint
+    placed = dict(checkpoint)
+    for key, value in checkpoint.items():
+        if isinstance(state, dict) and key in state and _loads_itself(unwrap(state[key])):
+            continue
+        placed[key] = place(value)
+    return placed
+
+
+def _loads_itself(target: Any) -> bool:
+    return isinstance(target, (Module, Optimizer)) or callable(getattr(target, "load_state_dict", None))
+
+
 def load_raw_into(obj: Module | Optimizer, checkpoint: dict[str, Any], strict: bool, path: str) -> None:
     """Load a plain state dict file into one module or optimizer."""
     target = unwrap(obj)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from fabric.io._fsspec import local_only
 from fabric.utilities.exceptions import FabricValueError
 
 TAG = "checkpoint"
@@ -32,6 +33,16 @@ _DEEPSPEED_ENTRIES = frozenset({
     "global_samples", "dp_world_size", "mp_world_size", "ds_config", "ds_version", "shared_params",
     "ds_autotp_universal_checkpoint", "checkpoint_parallel_dimensions",
 })  # fmt: skip
+# The classes DeepSpeed itself pickles into its checkpoint files (loss scalers, the ZeRO stage enum, fragment
+# addresses): plain data holders, allowed in the safety check that runs before DeepSpeed unpickles the files.
+_DEEPSPEED_GLOBALS = frozenset(
+    {
+        "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+        "deepspeed.runtime.zero.config.ZeroStageEnum",
+        "deepspeed.utils.tensor_fragment.fragment_address",
+    }
+)
 _RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
 
@@ -47,7 +58,7 @@ def is_deepspeed_checkpoint(path: str | Path) -> bool:
 
 def tag_dir(path: str | Path, operation: str = "load") -> Path:
     """The directory of the tag named in `path/latest`; a clear error when this is no DeepSpeed checkpoint."""
-    path = Path(path)
+    path = local_only(path, operation, "DeepSpeed checkpoints")
     if not path.exists():
         raise FileNotFoundError(f"{operation}({str(path)!r}): no such checkpoint. Check the path.")
     if not is_deepspeed_checkpoint(path):
@@ -59,10 +70,32 @@ def tag_dir(path: str | Path, operation: str = "load") -> Path:
     return path / _read_tag(path)  # type: ignore[operator]
 
 
-def read_model_states(directory: Path) -> dict[str, Any]:
+def check_safe(directory: Path, path: str | Path, weights_only: bool | None, op: str = "load") -> None:
+    """Unless `weights_only` is False: refuse the checkpoint if any of its files would import anything beyond
+    tensors, plain values and DeepSpeed's own data classes when unpickled. The check reads only each file's
+    pickle, statically, and runs nothing; DeepSpeed (and this module) then unpickle the approved files."""
+    if weights_only is False:
+        return
+    from fabric.io._load import refused, unreadable
+
+    for file in sorted(directory.glob("*.pt")):
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(file)
+        except (ValueError, RuntimeError, KeyError, EOFError) as err:
+            raise unreadable(str(file), op, err) from None
+        unsafe = sorted(set(found) - _DEEPSPEED_GLOBALS)
+        if unsafe:
+            raise refused(str(path), op, unsafe)
+
+
+def read_model_states(directory: Path, path: str | Path, weights_only: bool | None, op: str = "load") -> dict[str, Any]:
     """The first model-states file: DeepSpeed's metadata (world size, stage) and the client state."""
-    files = sorted(directory.glob("*model_states.pt"))
-    return torch.load(files[0], map_location="cpu", weights_only=False)
+    from fabric.io._load import torch_load
+
+    check_safe(directory, path, weights_only, op)
+    file = sorted(directory.glob("*model_states.pt"))[0]
+    # check_safe has vetted every global in the file, so the unrestricted unpickler only meets approved ones.
+    return torch_load(str(file), str(file), op, "cpu", weights_only=False)
 
 
 def saved_world_size(states: dict[str, Any]) -> int:
@@ -94,10 +127,12 @@ def client_entries(states: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in states.items() if k not in _DEEPSPEED_ENTRIES and k not in _PRIVATE}
 
 
-def full_weights(path: str | Path, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
+def full_weights(
+    path: str | Path, exclude_frozen_parameters: bool = False, weights_only: bool | None = None, op: str = "load"
+) -> dict[str, torch.Tensor]:
     """The whole model's float32 state dict, assembled from every rank's shard (one process suffices)."""
-    directory = tag_dir(path)
-    states = read_model_states(directory)
+    directory = tag_dir(path, op)
+    states = read_model_states(directory, path, weights_only, op)
     if saved_stage(states) == 0:
         # Without ZeRO the model-states file holds the full module already.
         return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
@@ -108,15 +143,15 @@ def full_weights(path: str | Path, exclude_frozen_parameters: bool = False) -> d
     return dict(weights)
 
 
-def consolidate_deepspeed(path: str | Path) -> dict[str, Any]:
+def consolidate_deepspeed(path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
     """One process, no process group: a plain checkpoint dict {model key: full float32 weights, other entries}.
 
     The optimizer state is not included: its shards are flat per-rank buffers that no plain optimizer can load.
     """
     directory = tag_dir(path, "consolidate")
-    states = read_model_states(directory)
+    states = read_model_states(directory, path, weights_only, "consolidate")
     module_key = states.get(MODULE_KEY, "model")
-    return {module_key: full_weights(path), **client_entries(states)}
+    return {module_key: full_weights(path, weights_only=weights_only, op="consolidate"), **client_entries(states)}
 
 
 def _read_tag(path: Path) -> str | None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric.io._fsspec import local_only
 from fabric.strategies import _checkpoint
 from fabric.strategies import _deepspeed_checkpoint as ckpt
 from fabric.strategies import _sharded_files as files
@@ -64,7 +65,7 @@ def save(
     )
     client[ckpt.MODULE_KEY] = module_key
     client[ckpt.OPTIMIZER_KEY] = optimizer_key
-    path = Path(path)
+    path = local_only(path, "save", "DeepSpeed checkpoints")
     # The same staging directory and swap as torch.distributed.checkpoint saves (atomic exchange where supported).
     if is_global_zero:
         files.prepare_staging(path)  # also clears the leftover of a save that crashed
@@ -87,11 +88,15 @@ def load(
     strict: bool,
     world_size: int,
     is_global_zero: bool,
+    weights_only: bool | None = None,
 ) -> dict[str, Any]:
-    """Restore model, optimizer and client state in place; on another world size, the model weights only."""
+    """Restore model, optimizer and client state in place; on another world size, the model weights only.
+
+    Unless `weights_only` is False, every file of the checkpoint is checked for code-running pickles first:
+    DeepSpeed's own loading unpickles them without restriction."""
     _, optimizer_key, others = split_state(state, engine, "load")
     directory = ckpt.tag_dir(path)
-    states = ckpt.read_model_states(directory)
+    states = ckpt.read_model_states(directory, path, weights_only)
     saved_ranks = ckpt.saved_world_size(states)
     if ckpt.saved_stage(states) > 0:
         ckpt.check_rank_files(directory, saved_ranks, path)
@@ -106,7 +111,7 @@ def load(
         if loaded is None:
             raise RuntimeError(f"load({str(path)!r}): DeepSpeed could not read the checkpoint. See its log above.")
     else:
-        load_full_weights(engine, ckpt.full_weights(path), strict, str(path))
+        load_full_weights(engine, ckpt.full_weights(path, weights_only=weights_only), strict, str(path))
         if optimizer_key is not None and is_global_zero:
             warnings.warn(
                 f"load({str(path)!r}): the checkpoint was written by {saved_ranks} ranks and this run has "

@@ -202,9 +202,13 @@ class _FullyShardedStrategy(ParallelStrategy):
             _sharded_checkpoint.save_sharded(path, state, filter, self.world_size, self.global_rank, self.barrier)
 
     def load_checkpoint(
-        self, path: str | Path, state: dict[str, Any] | Module | Optimizer | None = None, strict: bool = True
+        self,
+        path: str | Path,
+        state: dict[str, Any] | Module | Optimizer | None = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Every rank reads a sharded folder or a full file into `state` in place; returns what was not consumed."""
         from fabric.strategies import _sharded_checkpoint
 
-        return _sharded_checkpoint.load(path, state, strict)
+        return _sharded_checkpoint.load(path, state, strict, weights_only)

@@ -9,15 +9,18 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import torch
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric.io import _fsspec
+from fabric.io._load import DeviceRecorder, UnsafeCheckpointError, torch_load
 from fabric.strategies import _sharded_files as files
+from fabric.strategies import _sharded_remote as remote
+from fabric.strategies import _sharded_safe as safe
 from fabric.strategies import _sharded_state as states
-from fabric.strategies._checkpoint import unwrap
+from fabric.strategies._checkpoint import place_plain, unwrap
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
@@ -26,7 +29,9 @@ if TYPE_CHECKING:
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
     """Whether `path` is a DCP checkpoint directory (complete or not: loading it names what is missing)."""
-    return files.is_dcp_directory(Path(path))
+    if _fsspec.is_url(path):
+        return remote.is_dcp_url(str(path))
+    return files.is_dcp_directory(_fsspec.local(path))
 
 
 def save_sharded(
@@ -38,10 +43,13 @@ def save_sharded(
     barrier: Callable[[], None],
 ) -> None:
     """Every rank writes its shards into a staging directory; once all are written, rank 0 swaps it into place."""
+    if _fsspec.is_url(path):
+        _save_sharded_remote(str(path), state, filter, world_size, global_rank, barrier)
+        return
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint import save as dcp_save
 
-    path = Path(path)
+    path = _fsspec.local(path)
     if path.is_file():
         raise FileExistsError(
             f"save({str(path)!r}): a file exists at this path, and a sharded checkpoint is a directory. Choose "
@@ -78,19 +86,28 @@ def save_full(
         checkpoint_io.save_checkpoint(converted, path)
 
 
-def load(path: str | Path, state: dict[str, Any] | Module | Optimizer | None, strict: bool) -> dict[str, Any]:
-    """Restore `state` in place from a DCP directory or a full file; return the entries `state` did not ask for."""
-    path = Path(path)
+def load(
+    path: str | Path, state: dict[str, Any] | Module | Optimizer | None, strict: bool, weights_only: bool | None = None
+) -> dict[str, Any]:
+    """Restore `state` in place from a DCP directory or a full file; return the entries `state` did not ask for.
+
+    Unless `weights_only` is False, nothing that could run code is unpickled (see _sharded_safe)."""
+    if _fsspec.is_url(path):
+        return _load_remote(str(path), state, strict, weights_only)
+    path = _fsspec.local(path)
     if not path.exists():
         raise files.missing_path_error(path)
     if path.is_dir():
-        return _load_sharded(path, state, strict)
-    return _load_full(path, state, strict)
+        return _load_sharded(path, state, strict, weights_only)
+    return _load_full(path, state, strict, weights_only)
 
 
-def consolidate(path: str | Path) -> dict[str, Any]:
+def consolidate(path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
     """One process, no process group: read a whole DCP directory into a nested dict of regular tensors."""
-    path = Path(path)
+    if _fsspec.is_url(path):
+        remote.read_checked_metadata(str(path), "consolidate", weights_only)
+        return _read_entries(str(path), keys=None, distributed=False, weights_only=weights_only, op="consolidate")
+    path = _fsspec.local(path)
     if not path.exists():
         raise files.missing_path_error(path, "consolidate")
     if path.is_file():
@@ -98,8 +115,47 @@ def consolidate(path: str | Path) -> dict[str, Any]:
             f"consolidate({str(path)!r}): this is a file; only a sharded checkpoint directory needs consolidating. "
             "Load the file with torch.load directly."
         )
-    files.read_checked_metadata(path, "consolidate")
-    return _read_entries(path, keys=None, distributed=False)
+    files.read_checked_metadata(path, "consolidate", weights_only)
+    return _read_entries(path, keys=None, distributed=False, weights_only=weights_only, op="consolidate")
+
+
+def _save_sharded_remote(
+    url: str,
+    state: dict[str, Any],
+    filter: dict[str, Callable[[str, Any], bool]] | None,
+    world_size: int,
+    global_rank: int,
+    barrier: Callable[[], None],
+) -> None:
+    """As save_sharded, onto a URL: shards go to a staging prefix, which rank 0 publishes (see _sharded_remote)."""
+    from torch.distributed.checkpoint import save as dcp_save
+
+    converted = states.convert("save", state, filter, full=False)
+    if global_rank == 0:
+        remote.prepare_staging(url)
+    barrier()
+    try:
+        with _quiet_single_process(), _reported("save", url, "writing"):
+            dcp_save(converted, storage_writer=remote.writer(url), no_dist=world_size == 1)
+    except BaseException:
+        if global_rank == 0:
+            remote.discard_staging(url)
+        raise
+    barrier()
+    if global_rank == 0:
+        remote.publish(url)
+    barrier()
+
+
+def _load_remote(
+    url: str, state: dict[str, Any] | Module | Optimizer | None, strict: bool, weights_only: bool | None
+) -> dict[str, Any]:
+    if remote.is_dcp_url(url):
+        return _load_sharded(url, state, strict, weights_only)
+    from fabric.io.torch_io import _read_remote
+
+    data, _ = _read_remote(url)
+    return _load_full(url, state, strict, weights_only, source=data)
 
 
 # -- sharded directories ------------------------------------------------------------------------------
@@ -125,13 +181,18 @@ class _Layout:
         return {flat[len(key) + 1 :]: self.shapes[flat] for flat, top in self.top.items() if top == key}
 
 
-def _load_sharded(path: Path, state: dict[str, Any] | Module | Optimizer | None, strict: bool) -> dict[str, Any]:
-    layout = _Layout(files.read_checked_metadata(path))
+def _load_sharded(
+    path: Path | str, state: dict[str, Any] | Module | Optimizer | None, strict: bool, weights_only: bool | None
+) -> dict[str, Any]:
+    if isinstance(path, str):
+        layout = _Layout(remote.read_checked_metadata(path, "load", weights_only))
+    else:
+        layout = _Layout(files.read_checked_metadata(path, "load", weights_only))
     if state is None:
-        return _read_entries(path, keys=None, distributed=states.distributed())
+        return _read_entries(path, keys=None, distributed=states.distributed(), weights_only=weights_only)
     target = unwrap(state)
     if isinstance(target, Module):
-        return _load_raw_module(path, target, layout, strict)
+        return _load_raw_module(path, target, layout, strict, weights_only)
     if isinstance(target, Optimizer):
         raise FabricTypeError(
             f"load_raw({str(path)!r}, optimizer): a sharded checkpoint stores optimizer state by parameter name, "
@@ -146,14 +207,16 @@ def _load_sharded(path: Path, state: dict[str, Any] | Module | Optimizer | None,
     for key, target_sd in targets.items():
         _check_entry(path, key, target_sd, layout, strict, isinstance(unwrap(state[key]), Module))
     if targets:
-        _read_into(path, targets, strict)
+        _read_into(path, targets, strict, weights_only)
         states.apply_loaded("load", state, targets, strict, full=False)
     rest = layout.keys - set(targets)
-    values = _read_entries(path, keys=rest, distributed=states.distributed()) if rest else {}
+    values = _read_entries(path, rest, states.distributed(), weights_only) if rest else {}
     return _restore_plain(state, values, skip=set(targets))
 
 
-def _load_raw_module(path: Path, module: Module, layout: _Layout, strict: bool) -> dict[str, Any]:
+def _load_raw_module(
+    path: Path | str, module: Module, layout: _Layout, strict: bool, weights_only: bool | None
+) -> dict[str, Any]:
     """load_raw: the whole checkpoint is one module's state dict, keyed by its parameter names."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
@@ -161,7 +224,7 @@ def _load_raw_module(path: Path, module: Module, layout: _Layout, strict: bool) 
     saved = dict(layout.shapes)
     states.check_keys(str(path), "state dict", set(target), set(saved), strict, is_module=True)
     states.check_shapes(str(path), target, saved)
-    _read_into(path, target, strict)
+    _read_into(path, target, strict, weights_only)
     set_model_state_dict(module, target, options=states.load_options(False, strict))
     return {}
 
@@ -173,7 +236,7 @@ def _state_type_error(state: object) -> FabricTypeError:
     )
 
 
-def _check_missing(path: Path, state: dict[str, Any], saved: set[str], strict: bool) -> None:
+def _check_missing(path: Path | str, state: dict[str, Any], saved: set[str], strict: bool) -> None:
     missing = [key for key in state if key not in saved]
     if missing and strict:
         raise KeyError(
@@ -182,7 +245,9 @@ def _check_missing(path: Path, state: dict[str, Any], saved: set[str], strict: b
         )
 
 
-def _check_entry(path: Path, key: str, target: dict[str, Any], layout: _Layout, strict: bool, is_module: bool) -> None:
+def _check_entry(
+    path: Path | str, key: str, target: dict[str, Any], layout: _Layout, strict: bool, is_module: bool
+) -> None:
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     expected, _ = flatten_state_dict({key: target})
@@ -193,28 +258,28 @@ def _check_entry(path: Path, key: str, target: dict[str, Any], layout: _Layout, 
     states.check_shapes(where, expected, saved)
 
 
-def _read_into(path: Path, targets: dict[str, Any], strict: bool) -> None:
+def _read_into(path: Path | str, targets: dict[str, Any], strict: bool, weights_only: bool | None) -> None:
     """DCP reads each rank's part of the saved tensors straight into `targets` (resharding as needed)."""
-    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
     from torch.distributed.checkpoint import load as dcp_load
 
-    planner = DefaultLoadPlanner(allow_partial_load=not strict)
+    planner = safe.load_planner(strict, str(path), "load", weights_only)
     with _quiet_single_process(), _reported("load", path, "reading"):
-        dcp_load(targets, storage_reader=FileSystemReader(path), planner=planner)
+        dcp_load(targets, storage_reader=safe.reader(str(path), "load", weights_only), planner=planner)
 
 
-def _read_entries(path: Path, keys: set[str] | None, distributed: bool) -> dict[str, Any]:
+def _read_entries(
+    path: Path | str, keys: set[str] | None, distributed: bool, weights_only: bool | None, op: str = "load"
+) -> dict[str, Any]:
     """Whole entries rebuilt from the metadata (regular tensors, unsharded), for values that are not modules."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     # The private loader is what torch's own dcp_to_torch_save uses: the public load() fills a copy of the
     # top-level dict, so entries rebuilt from the metadata would be lost.
     entries: dict[str, Any] = {}
-    planner = _EmptyStateDictLoadPlanner(keys=keys)
-    with _reported("load", path, "reading"):
-        _load_state_dict(entries, storage_reader=FileSystemReader(path), planner=planner, no_dist=not distributed)
+    planner = safe.entries_planner(keys, str(path), op, weights_only)
+    reader = safe.reader(str(path), op, weights_only)
+    with _reported(op, path, "reading"):
+        _load_state_dict(entries, storage_reader=reader, planner=planner, no_dist=not distributed)
     return entries
 
 
@@ -232,9 +297,21 @@ def _restore_plain(state: dict[str, Any], values: dict[str, Any], skip: set[str]
 
 
 # -- full files -------------------------------------------------------------------------------------
-def _load_full(path: Path, state: dict[str, Any] | Module | Optimizer | None, strict: bool) -> dict[str, Any]:
-    # mmap: each rank maps the file instead of reading a full copy of every tensor into memory.
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+def _load_full(
+    path: Path | str,
+    state: dict[str, Any] | Module | Optimizer | None,
+    strict: bool,
+    weights_only: bool | None,
+    source: IO[bytes] | None = None,
+) -> dict[str, Any]:
+    # mmap: each rank maps the file instead of reading a full copy of every tensor into memory. Everything lands on
+    # CPU; only plain tensors go back to the device they were saved from (modules and optimizers copy themselves).
+    recorder = DeviceRecorder()
+    if source is None:
+        checkpoint = torch_load(str(path), str(path), "load", recorder, weights_only, mmap=True)
+    else:  # a URL's bytes, already read into memory
+        checkpoint = torch_load(source, str(path), "load", recorder, weights_only)
+    checkpoint = place_plain(checkpoint, state, recorder.restore)
     if state is None:
         return checkpoint
     target = unwrap(state)
@@ -261,7 +338,7 @@ def _load_full(path: Path, state: dict[str, Any] | Module | Optimizer | None, st
     return _restore_plain(state, remainder, skip=set(optimizers))
 
 
-def _load_full_module(path: Path, key: str, module: Module, saved: dict[str, Any], strict: bool) -> None:
+def _load_full_module(path: Path | str, key: str, module: Module, saved: dict[str, Any], strict: bool) -> None:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     expected = get_model_state_dict(module)
@@ -281,7 +358,7 @@ def _quiet_single_process() -> Iterator[None]:
 
 
 @contextmanager
-def _reported(op: str, path: Path, doing: str) -> Iterator[None]:
+def _reported(op: str, path: Path | str, doing: str) -> Iterator[None]:
     """DCP's CheckpointException derives from BaseException (so `except Exception` misses it) and prints whole
     tracebacks; turn it into one RuntimeError that names each failing rank's error."""
     from torch.distributed.checkpoint.api import CheckpointException
@@ -289,6 +366,9 @@ def _reported(op: str, path: Path, doing: str) -> Iterator[None]:
     try:
         yield
     except CheckpointException as err:
+        for exc, _ in err.failures.values():
+            if isinstance(exc, UnsafeCheckpointError):
+                raise exc from None  # already names the path and the way to opt in
         causes = "; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in err.failures.items())
         after = "The checkpoint at this path was not changed. " if op == "save" else ""
         raise RuntimeError(

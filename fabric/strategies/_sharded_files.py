@@ -5,11 +5,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import pickle
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fabric.io._load import UnsafeCheckpointError
+from fabric.strategies._sharded_safe import load_metadata
 from fabric.utilities.exceptions import FabricValueError
 
 METADATA_FILE = ".metadata"  # the name torch.distributed.checkpoint's FileSystemWriter gives it
@@ -53,7 +55,7 @@ def missing_path_error(path: Path, op: str = "load") -> FileNotFoundError:
     return FileNotFoundError(message)
 
 
-def read_checked_metadata(path: Path, op: str = "load") -> Any:
+def read_checked_metadata(path: Path, op: str = "load", weights_only: bool | None = None) -> Any:
     """Read `.metadata` and verify that every file and byte range it refers to is present; return the metadata."""
     if not path.exists():
         raise missing_path_error(path, op)
@@ -72,7 +74,9 @@ def read_checked_metadata(path: Path, op: str = "load") -> Any:
         )
     try:
         with metadata_path.open("rb") as handle:
-            metadata = pickle.load(handle)
+            metadata = load_metadata(handle, str(path), op, weights_only)
+    except UnsafeCheckpointError:
+        raise
     except Exception as err:
         raise RuntimeError(
             f"{op}({str(path)!r}): the checkpoint's {METADATA_FILE} cannot be read ({type(err).__name__}: {err}); "
@@ -82,21 +86,35 @@ def read_checked_metadata(path: Path, op: str = "load") -> Any:
     return metadata
 
 
+def _local_size(path: Path) -> Callable[[str], int | None]:
+    def size_of(name: str) -> int | None:
+        file = path / name
+        return file.stat().st_size if file.is_file() else None
+
+    return size_of
+
+
 def _check_storage(path: Path, metadata: Any, op: str) -> None:
+    check_storage(str(path), metadata, op, _local_size(path))
+
+
+def check_storage(path: str, metadata: Any, op: str, size_of: Callable[[str], int | None]) -> None:
+    """Every file and byte range the metadata refers to must exist (`size_of` gives a file's size or None)."""
     storage = getattr(metadata, "storage_data", None)
     if not isinstance(storage, dict):
         raise RuntimeError(
-            f"{op}({str(path)!r}): the checkpoint's {METADATA_FILE} lists no storage files; it was not written "
+            f"{op}({path!r}): the checkpoint's {METADATA_FILE} lists no storage files; it was not written "
             "by torch.distributed.checkpoint's FileSystemWriter. Load a checkpoint saved by fabric."
         )
     needed: dict[str, int] = {}  # file -> the end of the last byte range read from it
     for info in storage.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
-    missing = [name for name in needed if not (path / name).is_file()]
+    sizes = {name: size_of(name) for name in needed}
+    missing = [name for name, size in sizes.items() if size is None]
     short = [
-        f"{name} ({(path / name).stat().st_size} of {end} bytes)"
-        for name, end in needed.items()
-        if name not in missing and (path / name).stat().st_size < end
+        f"{name} ({size} of {needed[name]} bytes)"
+        for name, size in sizes.items()
+        if size is not None and size < needed[name]
     ]
     if missing or short:
         problems = []
@@ -105,7 +123,7 @@ def _check_storage(path: Path, metadata: Any, op: str) -> None:
         if short:
             problems.append(f"truncated files: {_listing(short)}")
         raise RuntimeError(
-            f"{op}({str(path)!r}): the checkpoint is incomplete: {'; '.join(problems)}. Its {METADATA_FILE} "
+            f"{op}({path!r}): the checkpoint is incomplete: {'; '.join(problems)}. Its {METADATA_FILE} "
             "refers to them; copy the whole directory again, or load an earlier checkpoint."
         )
 

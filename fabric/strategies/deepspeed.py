@@ -309,13 +309,17 @@ class DeepSpeedStrategy(ParallelStrategy):
         )
 
     def load_checkpoint(
-        self, path: str | Path, state: dict[str, Any] | Module | Optimizer | None = None, strict: bool = True
+        self,
+        path: str | Path,
+        state: dict[str, Any] | Module | Optimizer | None = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Restore from a DeepSpeed directory; `state=None` returns it consolidated; a module loads full weights."""
         from fabric.strategies import _deepspeed_checkpoint, _deepspeed_state
 
         if state is None:
-            return _deepspeed_checkpoint.consolidate_deepspeed(path)
+            return _deepspeed_checkpoint.consolidate_deepspeed(path, weights_only)
         engine = self._require_engine("fabric.load()", needs_optimizer=False)
         if isinstance(state, Optimizer):
             raise FabricTypeError(
@@ -323,17 +327,19 @@ class DeepSpeedStrategy(ParallelStrategy):
                 "be restored from a DeepSpeed checkpoint. Use fabric.load(path, {'model': ..., 'optimizer': ...})."
             )
         if isinstance(state, Module):
-            weights = self._read_full_weights(path)
+            weights = self._read_full_weights(path, weights_only)
             _deepspeed_state.load_full_weights(engine, weights, strict, str(path))
             return {}
-        return _deepspeed_state.load(engine, path, state, strict, self.world_size, self.is_global_zero)
+        return _deepspeed_state.load(
+            engine, path, state, strict, self.world_size, self.is_global_zero, weights_only=weights_only
+        )
 
-    def _read_full_weights(self, path: str | Path) -> dict[str, Any]:
+    def _read_full_weights(self, path: str | Path, weights_only: bool | None) -> dict[str, Any]:
         from fabric.strategies import _deepspeed_checkpoint
 
         if _deepspeed_checkpoint.is_deepspeed_checkpoint(path):
-            return _deepspeed_checkpoint.full_weights(path)
-        return self.checkpoint_io.load_checkpoint(path)
+            return _deepspeed_checkpoint.full_weights(path, weights_only=weights_only)
+        return self.checkpoint_io.load_checkpoint(path, map_location="cpu", weights_only=weights_only)
 
 
 def _check_optimizer_fits(module: Module, optimizer: Optimizer) -> None:

@@ -102,7 +102,9 @@ def test_load_a_directory(tmp_path: Path) -> None:
 
 
 def test_storage_options_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match=r"storage_options=\{'compress': True\}\): this plugin takes no storage"):
+    with pytest.raises(
+        TypeError, match=r"storage_options=\{'compress': True\}\): storage options configure a remote store"
+    ):
         TorchCheckpointIO().save_checkpoint({"x": 1}, tmp_path / "a.ckpt", storage_options={"compress": True})
     assert _names(tmp_path) == []
 

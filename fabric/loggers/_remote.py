@@ -1,0 +1,55 @@
+"""Log directories on fsspec URLs (s3://, memory://, ...): the loggers write into a local mirror, which is uploaded
+file by file when they save, so CSV appends and TensorBoard's event files work unchanged on object stores."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from fabric.io import _fsspec
+
+
+class RemoteDirectory:
+    """A URL directory and the local folder that mirrors it."""
+
+    def __init__(self, url: str, op: str) -> None:
+        self.url = url.rstrip("/")
+        self._op = op
+        self._mirror: Path | None = None
+        _fsspec.filesystem(self.url, op)  # a missing backend package is an error now, not at the first flush
+
+    @property
+    def mirror(self) -> Path:
+        """The local folder, created on first use (loggers create nothing before their first write)."""
+        if self._mirror is None:
+            self._mirror = Path(tempfile.mkdtemp(prefix="fabric-logs-"))
+        return self._mirror
+
+    def join(self, *parts: str) -> str:
+        """The URL of `parts` below this directory."""
+        return "/".join([self.url, *(part.strip("/") for part in parts if part)])
+
+    def local(self, *parts: str) -> Path:
+        """The mirror folder of `parts` below this directory."""
+        return self.mirror.joinpath(*(part for part in parts if part))
+
+    def child_names(self, *parts: str) -> list[str]:
+        """The names of the directories below `parts` on the store (empty if it does not exist)."""
+        fs, inner = _fsspec.filesystem(self.join(*parts), self._op)
+        if not fs.isdir(inner):
+            return []
+        return [entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(inner, detail=True)]
+
+    def upload(self, *parts: str) -> None:
+        """Copy every mirrored file below `parts` to the store; each file is one upload (whole on object stores)."""
+        root = self.local(*parts)
+        if not root.is_dir():
+            return
+        fs, _ = _fsspec.filesystem(self.url, self._op)
+        for file in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".tmp")):
+            relative = file.relative_to(self.mirror).as_posix()
+            _, inner = _fsspec.filesystem(self.join(relative), self._op)
+            parent = inner.rsplit("/", 1)[0]
+            if _fsspec.scheme(self.url) not in _fsspec.OBJECT_STORES or _fsspec.scheme(self.url) == "memory":
+                fs.makedirs(parent, exist_ok=True)
+            fs.put_file(str(file), inner)
