@@ -32,6 +32,7 @@ from fabric.strategies import (
     Strategy,
 )
 from fabric.utilities.seed import seed_everything
+from fabric.wrappers import is_wrapped
 
 __version__ = "0.1.0"
 
@@ -65,5 +66,6 @@ __all__ = [
     "Strategy",
     "TorchCheckpointIO",
     "TorchElasticEnvironment",
+    "is_wrapped",
     "seed_everything",
 ]
