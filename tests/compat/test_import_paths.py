@@ -70,6 +70,7 @@ SUPPORTED: list[tuple[str, str]] = [
         )
     ),
     *(("fabric.plugins.io", n) for n in ("CheckpointIO", "TorchCheckpointIO")),
+    *(("fabric.plugins.collectives", n) for n in ("Collective", "TorchCollective", "SingleDeviceCollective")),
     # wrappers
     *(("fabric.wrappers", n) for n in ("_FabricModule", "_FabricOptimizer", "_FabricDataLoader", "is_wrapped")),
     # utilities: what lightning.fabric.utilities exports, then the modules its API reference documents
@@ -205,14 +206,14 @@ def test_xla_names_are_not_there_yet(path: str, name: str) -> None:
 
 
 def test_plugin_paths_are_our_own_classes_not_copies() -> None:
-    from fabric import environments, io, precision, strategies
+    from fabric import collectives, environments, io, precision, strategies
     from fabric.plugins import environments as plugin_envs
     from fabric.plugins import io as plugin_io
     from fabric.plugins import precision as plugin_precision
 
     for path, name in SUPPORTED:
         if path.startswith("fabric.plugins"):
-            ours = [getattr(m, name) for m in (precision, environments, io) if hasattr(m, name)]
+            ours = [getattr(m, name) for m in (precision, environments, io, collectives) if hasattr(m, name)]
             assert ours == [_import(path, name)], (path, name)
     assert plugin_precision.MixedPrecision is precision.MixedPrecision is fabric.MixedPrecision
     assert plugin_envs.LightningEnvironment is environments.DefaultEnvironment
