@@ -26,3 +26,23 @@ def _lazy_load(filename: _PATH) -> Any:
             f"_lazy_load({str(filename)!r}): the file is in torch's legacy (pre-1.6) format, which cannot be "
             "memory-mapped. Load it with torch.load and save it again with torch.save to convert it."
         ) from err
+
+
+def _materialize_tensors(collection: Any) -> Any:
+    """Copy every tensor of ``collection`` into memory, detaching it from the file ``_lazy_load`` mapped."""
+    from torch import Tensor
+
+    from fabric.utilities.apply_func import apply_to_collection
+
+    return apply_to_collection(collection, Tensor, lambda tensor: tensor.clone())
+
+
+def _load_distributed_checkpoint(checkpoint_folder: _PATH) -> dict[str, Any]:
+    """Read a sharded (``torch.distributed.checkpoint``) directory into one nested dict, in this process alone.
+
+    The whole checkpoint must fit in CPU memory. This is what ``fabric consolidate`` does.
+    """
+    # Imported here: the checkpoint machinery lives with the strategies, a layer above the utilities.
+    from fabric.strategies._sharded_checkpoint import consolidate
+
+    return consolidate(checkpoint_folder)

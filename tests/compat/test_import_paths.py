@@ -123,7 +123,7 @@ SUPPORTED: list[tuple[str, str]] = [
     ("fabric.utilities.exceptions", "MisconfigurationException"),
     ("fabric.utilities.cloud_io", "get_filesystem"),
     ("fabric.utilities.cloud_io", "_load"),
-    ("fabric.utilities.load", "_lazy_load"),
+    *(("fabric.utilities.load", n) for n in ("_lazy_load", "_materialize_tensors", "_load_distributed_checkpoint")),
     ("fabric.utilities.device_parser", "_parse_gpu_ids"),
     ("fabric.utilities.device_parser", "_determine_root_gpu_device"),
     *(

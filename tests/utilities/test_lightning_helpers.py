@@ -274,3 +274,27 @@ def test_is_shared_filesystem_with_one_process_and_remote_urls(tmp_path: Path) -
     assert is_shared_filesystem(fabric.strategy, tmp_path)
     assert is_shared_filesystem(fabric.strategy, "s3://bucket/run")
     assert is_shared_filesystem(fabric.strategy)
+
+
+def test_materialize_tensors_detaches_lazy_loaded_tensors_from_the_file(tmp_path: Path) -> None:
+    from fabric.utilities.load import _materialize_tensors
+
+    torch.save({"w": torch.arange(3.0)}, tmp_path / "w.pt")
+    lazy = _lazy_load(tmp_path / "w.pt")
+    loaded = _materialize_tensors(lazy)
+    (tmp_path / "w.pt").unlink()
+    assert torch.equal(loaded["w"], torch.arange(3.0))
+
+
+def test_load_distributed_checkpoint_reads_a_sharded_directory_in_one_process(tmp_path: Path) -> None:
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from fabric.utilities.load import _load_distributed_checkpoint
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+        dcp.save({"model": {"w": torch.arange(4.0)}, "step": 3}, checkpoint_id=tmp_path / "ckpt")
+    loaded = _load_distributed_checkpoint(tmp_path / "ckpt")
+    assert loaded["step"] == 3 and torch.equal(loaded["model"]["w"], torch.arange(4.0))
