@@ -8,7 +8,7 @@ says exactly what users can import. Two groups are handled explicitly: names oth
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import inspect
 from pathlib import Path
 
 import pytest
@@ -71,6 +71,37 @@ SUPPORTED: list[tuple[str, str]] = [
     ),
     *(("fabric.plugins.io", n) for n in ("CheckpointIO", "TorchCheckpointIO")),
     *(("fabric.plugins.collectives", n) for n in ("Collective", "TorchCollective", "SingleDeviceCollective")),
+    # the modules behind those names, which code also imports directly
+    ("fabric.plugins.precision.amp", "MixedPrecision"),
+    ("fabric.plugins.precision.half", "HalfPrecision"),
+    ("fabric.plugins.precision.double", "DoublePrecision"),
+    ("fabric.plugins.precision.precision", "Precision"),
+    ("fabric.plugins.environments.cluster_environment", "ClusterEnvironment"),
+    ("fabric.plugins.environments.kubeflow", "KubeflowEnvironment"),
+    ("fabric.plugins.environments.lightning", "LightningEnvironment"),
+    ("fabric.plugins.environments.lsf", "LSFEnvironment"),
+    ("fabric.plugins.environments.mpi", "MPIEnvironment"),
+    ("fabric.plugins.environments.slurm", "SLURMEnvironment"),
+    ("fabric.plugins.environments.torchelastic", "TorchElasticEnvironment"),
+    ("fabric.plugins.io.checkpoint_io", "CheckpointIO"),
+    ("fabric.plugins.io.torch_io", "TorchCheckpointIO"),
+    ("fabric.plugins.collectives.collective", "Collective"),
+    ("fabric.plugins.collectives.torch_collective", "TorchCollective"),
+    ("fabric.plugins.collectives.single_device", "SingleDeviceCollective"),
+    ("fabric.accelerators.accelerator", "Accelerator"),
+    ("fabric.accelerators.cpu", "CPUAccelerator"),
+    ("fabric.accelerators.cuda", "CUDAAccelerator"),
+    ("fabric.accelerators.mps", "MPSAccelerator"),
+    ("fabric.strategies.strategy", "Strategy"),
+    ("fabric.strategies.parallel", "ParallelStrategy"),
+    ("fabric.strategies.single_device", "SingleDeviceStrategy"),
+    ("fabric.strategies.ddp", "DDPStrategy"),
+    ("fabric.strategies.fsdp", "FSDPStrategy"),
+    ("fabric.strategies.deepspeed", "DeepSpeedStrategy"),
+    ("fabric.strategies.model_parallel", "ModelParallelStrategy"),
+    ("fabric.loggers.logger", "Logger"),
+    ("fabric.loggers.csv_logs", "CSVLogger"),
+    ("fabric.loggers.tensorboard", "TensorBoardLogger"),
     # wrappers
     *(("fabric.wrappers", n) for n in ("_FabricModule", "_FabricOptimizer", "_FabricDataLoader", "is_wrapped")),
     # utilities: what lightning.fabric.utilities exports, then the modules its API reference documents
@@ -215,6 +246,9 @@ def test_plugin_paths_are_our_own_classes_not_copies() -> None:
         if path.startswith("fabric.plugins"):
             ours = [getattr(m, name) for m in (precision, environments, io, collectives) if hasattr(m, name)]
             assert ours == [_import(path, name)], (path, name)
+            assert inspect.getmodule(ours[0]).__name__.startswith(
+                ("fabric.precision", "fabric.environments", "fabric.io", "fabric.collectives")
+            )
     assert plugin_precision.MixedPrecision is precision.MixedPrecision is fabric.MixedPrecision
     assert plugin_envs.LightningEnvironment is environments.DefaultEnvironment
     assert plugin_io.TorchCheckpointIO is io.TorchCheckpointIO

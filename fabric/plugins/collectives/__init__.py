@@ -1,4 +1,4 @@
-"""Lightning Fabric's ``plugins.collectives`` import path: a re-export of fabric.collectives."""
+"""Lightning Fabric's import path ``plugins.collectives`` (a re-export)."""
 
 from fabric.collectives import Collective, SingleDeviceCollective, TorchCollective
 

@@ -1,4 +1,4 @@
-"""Lightning Fabric's ``plugins.environments`` import path: a re-export of fabric.environments."""
+"""Lightning Fabric's import path ``plugins.environments`` (a re-export)."""
 
 from fabric.environments import (
     ClusterEnvironment,

@@ -1,4 +1,4 @@
-"""Lightning Fabric's ``plugins.io`` import path: a re-export of fabric.io."""
+"""Lightning Fabric's import path ``plugins.io`` (a re-export)."""
 
 from fabric.io import CheckpointIO, TorchCheckpointIO
 

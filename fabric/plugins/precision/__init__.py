@@ -1,4 +1,4 @@
-"""Lightning Fabric's ``plugins.precision`` import path: a re-export of fabric.precision."""
+"""Lightning Fabric's import path ``plugins.precision`` (a re-export)."""
 
 from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 
