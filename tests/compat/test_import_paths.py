@@ -189,6 +189,7 @@ PENDING_OTHER_HELPERS: list[tuple[str, str, str]] = [
     ("fabric.plugins", "TransformerEnginePrecision", "fabric/precision/transformer_engine.py"),
     ("fabric.plugins.precision", "TransformerEnginePrecision", "fabric/precision/transformer_engine.py"),
     ("fabric.strategies", "DataParallelStrategy", "fabric/strategies/dp.py"),
+    # Not a Lightning Fabric name (Lightning has it in lightning.pytorch only); offered on the same path for symmetry.
     ("fabric.plugins.io", "AsyncCheckpointIO", "fabric/io/async_io.py"),
 ]
 
