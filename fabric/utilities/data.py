@@ -321,13 +321,16 @@ def has_len(dataloader: object) -> bool:
 
     length = sized_len(dataloader)
     if length == 0:
-        rank_zero_warn(f"has_len: the {type(dataloader).__name__} has length 0, so a loop over it does nothing.")
+        rank_zero_warn(
+            f"has_len: the {type(dataloader).__name__} has length 0, so a loop over it does nothing.", stacklevel=5
+        )
     if length is not None and has_iterable_dataset(dataloader):  # type: ignore[arg-type]
         # Each worker process iterates the whole IterableDataset, so the length is per worker at best.
         rank_zero_warn(
             f"has_len: the {type(dataloader).__name__} reads an IterableDataset that defines __len__; with "
             "several workers each one yields the whole dataset unless it shards by worker itself, so the "
-            "length may not match what the loop sees."
+            "length may not match what the loop sees.",
+            stacklevel=5,  # the line that called has_len
         )
     return length is not None
 

@@ -78,22 +78,24 @@ class LightningDeprecationWarning(DeprecationWarning):
     """The category of ``rank_zero_deprecation`` warnings (Lightning's name, kept for ``filterwarnings``)."""
 
 
+# Lightning counts ``stacklevel`` through one more helper frame than these functions have, so that its default
+# (4) names the line that called the helper; these subtract that frame, so the same value means the same line.
 @rank_zero_only
 def rank_zero_debug(*args: Any, stacklevel: int = 4, **kwargs: Any) -> None:
-    """``logging.debug`` on global rank 0 only."""
-    log.debug(*args, stacklevel=stacklevel, **kwargs)
+    """``logging.debug`` on global rank 0 only; the record names the caller's line."""
+    log.debug(*args, stacklevel=stacklevel - 1, **kwargs)
 
 
 @rank_zero_only
 def rank_zero_info(*args: Any, stacklevel: int = 4, **kwargs: Any) -> None:
-    """``logging.info`` on global rank 0 only."""
-    log.info(*args, stacklevel=stacklevel, **kwargs)
+    """``logging.info`` on global rank 0 only; the record names the caller's line."""
+    log.info(*args, stacklevel=stacklevel - 1, **kwargs)
 
 
 @rank_zero_only
 def rank_zero_warn(message: str | Warning, stacklevel: int = 4, **kwargs: Any) -> None:
-    """``warnings.warn`` on global rank 0 only; ``stacklevel`` points at the caller's caller by default."""
-    warnings.warn(message, stacklevel=stacklevel, **kwargs)
+    """``warnings.warn`` on global rank 0 only; the warning names the caller's line."""
+    warnings.warn(message, stacklevel=stacklevel - 1, **kwargs)
 
 
 def rank_zero_deprecation(message: str | Warning, stacklevel: int = 5, **kwargs: Any) -> None:

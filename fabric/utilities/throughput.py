@@ -219,18 +219,24 @@ def get_available_flops(device: torch.device, dtype: torch.dtype | str) -> int |
     """
     if device.type != "cuda":
         if device.type == "xla":
-            rank_zero_warn("get_available_flops: TPUs (XLA) are not supported by fabric yet, so no FLOPs are known.")
+            rank_zero_warn(
+                "get_available_flops: TPUs (XLA) are not supported by fabric yet, so no FLOPs are known.", stacklevel=5
+            )
         return None
     name = torch.cuda.get_device_name(device)
     chip = chip_of(name)
     if chip is None:
-        rank_zero_warn(f"get_available_flops: the peak FLOPs of {name!r} are not known, so no MFU is reported.")
+        rank_zero_warn(
+            f"get_available_flops: the peak FLOPs of {name!r} are not known, so no MFU is reported.", stacklevel=5
+        )
         return None
     if dtype is torch.float32 and _uses_tf32(device):
         dtype = _TF32
     flops = CUDA_FLOPS[chip].get(dtype)
     if flops is None:
-        rank_zero_warn(f"get_available_flops: {name!r} has no peak FLOPs for {dtype}, so no MFU is reported.")
+        rank_zero_warn(
+            f"get_available_flops: {name!r} has no peak FLOPs for {dtype}, so no MFU is reported.", stacklevel=5
+        )
         return None
     return int(flops)
 

@@ -35,7 +35,12 @@ from fabric.utilities.data import has_len, sized_len
 from fabric.utilities.device_parser import _determine_root_gpu_device, _parse_gpu_ids
 from fabric.utilities.exceptions import FabricValueError, MisconfigurationException
 from fabric.utilities.load import _lazy_load
-from fabric.utilities.rank_zero import LightningDeprecationWarning, WarningCache, rank_prefixed_message
+from fabric.utilities.rank_zero import (
+    LightningDeprecationWarning,
+    WarningCache,
+    rank_prefixed_message,
+    rank_zero_debug,
+)
 from fabric.utilities.seed import pl_worker_init_function, seed_everything
 from fabric.utilities.warnings import PossibleUserWarning
 
@@ -50,13 +55,17 @@ def rank_one() -> Any:
 
 
 def test_rank_zero_helpers_emit_on_rank_zero(caplog: pytest.LogCaptureFixture) -> None:
-    with pytest.warns(UserWarning, match="careful"):
+    with pytest.warns(UserWarning, match="careful") as warned:
         rank_zero_warn("careful")
-    with pytest.warns(LightningDeprecationWarning, match="old api"):
+    with pytest.warns(LightningDeprecationWarning, match="old api") as deprecated:
         rank_zero_deprecation("old api")
-    with caplog.at_level(logging.INFO, logger="fabric.utilities.rank_zero"):
+    # like Lightning's, the default stacklevel names the line that called the helper
+    assert Path(warned[0].filename).name == Path(deprecated[0].filename).name == "test_lightning_helpers.py"
+    with caplog.at_level(logging.DEBUG, logger="fabric.utilities.rank_zero"):
         rank_zero_info("hello %s", "there")
-    assert "hello there" in caplog.text
+        rank_zero_debug("details")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("INFO", "hello there"), ("DEBUG", "details")]
+    assert caplog.records[0].filename == "test_lightning_helpers.py"  # stacklevel points at the caller
 
 
 @pytest.mark.usefixtures("rank_one")
@@ -68,6 +77,7 @@ def test_rank_zero_helpers_are_silent_on_other_ranks(caplog: pytest.LogCaptureFi
         rank_zero_warn("careful")
         rank_zero_deprecation("old api")
         rank_zero_info("hello")
+        rank_zero_debug("details")
     assert caplog.text == ""
 
 
