@@ -8,6 +8,7 @@ says exactly what users can import. Two groups are handled explicitly: names oth
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -155,6 +156,18 @@ SUPPORTED: list[tuple[str, str]] = [
     ("fabric.utilities.cloud_io", "get_filesystem"),
     ("fabric.utilities.cloud_io", "_load"),
     *(("fabric.utilities.load", n) for n in ("_lazy_load", "_materialize_tensors", "_load_distributed_checkpoint")),
+    *(
+        ("fabric.utilities.imports", n)
+        for n in (
+            "_TORCH_GREATER_EQUAL_2_2",
+            "_TORCH_GREATER_EQUAL_2_3",
+            "_TORCH_GREATER_EQUAL_2_4",
+            "_TORCH_GREATER_EQUAL_2_5",
+            "_TORCH_GREATER_EQUAL_2_6",
+            "_IS_WINDOWS",
+            "_NUMPY_AVAILABLE",
+        )
+    ),
     ("fabric.utilities.device_parser", "_parse_gpu_ids"),
     ("fabric.utilities.device_parser", "_determine_root_gpu_device"),
     *(
@@ -284,6 +297,15 @@ def test_rank_zero_only_rank_exists_and_is_honoured() -> None:
     finally:
         rank_zero_only.rank = None  # back to detection
     assert calls == [2]
+
+
+def test_version_flags_describe_the_installed_torch() -> None:
+    from fabric.utilities import imports
+
+    # torch >= 2.13 is required, so every "at least 2.x" flag is true and the "at most 2.6" one false
+    assert imports._TORCH_GREATER_EQUAL_2_6 and imports._TORCH_GREATER_EQUAL_2_3
+    assert not imports._TORCH_LESS_EQUAL_2_6 and not imports._TORCH_EQUAL_2_4_0
+    assert imports._NUMPY_AVAILABLE is (importlib.util.find_spec("numpy") is not None)
 
 
 def test_misconfiguration_exception_catches_fabric_errors_through_the_lightning_path() -> None:
