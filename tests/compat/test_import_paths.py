@@ -168,6 +168,19 @@ SUPPORTED: list[tuple[str, str]] = [
             "_NUMPY_AVAILABLE",
         )
     ),
+    *(
+        ("fabric.utilities.init", n)
+        for n in (
+            "_EmptyInit",
+            "_has_meta_device_parameters_or_buffers",
+            "_materialize",
+            "_materialize_meta_tensors",
+            "_materialize_distributed_module",
+        )
+    ),
+    ("fabric.utilities.optimizer", "_optimizer_to_device"),
+    ("fabric.utilities.optimizer", "_optimizers_to_device"),
+    ("fabric.utilities.distributed", "ReduceOp"),
     ("fabric.utilities.device_parser", "_parse_gpu_ids"),
     ("fabric.utilities.device_parser", "_determine_root_gpu_device"),
     *(

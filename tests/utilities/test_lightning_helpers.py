@@ -308,3 +308,48 @@ def test_load_distributed_checkpoint_reads_a_sharded_directory_in_one_process(tm
         dcp.save({"model": {"w": torch.arange(4.0)}, "step": 3}, checkpoint_id=tmp_path / "ckpt")
     loaded = _load_distributed_checkpoint(tmp_path / "ckpt")
     assert loaded["step"] == 3 and torch.equal(loaded["model"]["w"], torch.arange(4.0))
+
+
+# -- init and optimizer helpers ----------------------------------------------------------------------------
+
+
+def test_meta_device_helpers_detect_and_materialize() -> None:
+    from fabric.utilities.init import (
+        _has_meta_device_parameters_or_buffers,
+        _materialize,
+        _materialize_distributed_module,
+        _materialize_meta_tensors,
+    )
+
+    for materialize in (_materialize_meta_tensors, _materialize_distributed_module):
+        with torch.device("meta"):
+            model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.BatchNorm1d(4))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        assert _has_meta_device_parameters_or_buffers(model) and _has_meta_device_parameters_or_buffers(optimizer)
+        assert not _has_meta_device_parameters_or_buffers(model[1])
+        materialize(model, "cpu")
+        assert not _has_meta_device_parameters_or_buffers(model)
+        assert torch.equal(model[2].running_var, torch.ones(4)) and model[0].weight.abs().sum() > 0
+
+    class NoReset(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(2, device="meta"))
+
+    with pytest.raises(TypeError, match=r"_materialize\(NoReset\): the module has no reset_parameters\(\)"):
+        _materialize(NoReset(), "cpu")
+    with pytest.raises(TypeError, match=r"expected a torch.nn.Module or a torch.optim.Optimizer"):
+        _has_meta_device_parameters_or_buffers("model")
+
+
+def test_optimizer_to_device_moves_state_but_not_step_counters() -> None:
+    from fabric.utilities.optimizer import _optimizers_to_device
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    _optimizers_to_device([optimizer], "meta")
+    state = optimizer.state[model.weight]
+    assert state["exp_avg"].is_meta and state["exp_avg_sq"].is_meta
+    assert state["step"].device.type == "cpu"
