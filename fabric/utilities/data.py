@@ -377,3 +377,19 @@ class AttributeDict(dict):
         width = max(len(str(key)) for key in self) + 3  # the key, its two quotes and the colon
         labels = {key: f'"{key}":' for key in self}
         return "\n".join(f"{labels[key]:<{width}} {self[key]}" for key in sorted(self))
+
+
+def _set_sampler_epoch(dataloader: object, epoch: int) -> None:
+    """Call ``set_epoch(epoch)`` on the loader's sampler and its batch sampler's sampler (each object once).
+
+    A ``DistributedSampler`` reshuffles only when told the epoch; forgetting it repeats epoch 0's order.
+    """
+    candidates = [getattr(dataloader, "sampler", None)]
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    if batch_sampler is not None:
+        candidates.append(getattr(batch_sampler, "sampler", None))
+    unique = {id(obj): obj for obj in candidates if obj is not None}
+    for obj in unique.values():
+        set_epoch = getattr(obj, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)

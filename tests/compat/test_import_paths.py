@@ -127,6 +127,7 @@ SUPPORTED: list[tuple[str, str]] = [
     *(("fabric.utilities.seed", n) for n in ("seed_everything", "reset_seed", "pl_worker_init_function")),
     *(("fabric.utilities.data", n) for n in ("AttributeDict", "suggested_max_num_workers", "has_len", "sized_len")),
     ("fabric.utilities.data", "has_iterable_dataset"),
+    ("fabric.utilities.data", "_set_sampler_epoch"),
     *(("fabric.utilities.distributed", n) for n in ("is_shared_filesystem",)),
     ("fabric.utilities.warnings", "disable_possible_user_warnings"),
     ("fabric.utilities.warnings", "PossibleUserWarning"),

@@ -353,3 +353,21 @@ def test_optimizer_to_device_moves_state_but_not_step_counters() -> None:
     state = optimizer.state[model.weight]
     assert state["exp_avg"].is_meta and state["exp_avg_sq"].is_meta
     assert state["step"].device.type == "cpu"
+
+
+def test_set_sampler_epoch_reaches_the_sampler_once() -> None:
+    from torch.utils.data import DistributedSampler
+
+    from fabric.utilities.data import _set_sampler_epoch
+
+    calls: list[int] = []
+
+    class Counting(DistributedSampler):
+        def set_epoch(self, epoch: int) -> None:
+            calls.append(epoch)
+            super().set_epoch(epoch)
+
+    sampler = Counting(list(range(8)), num_replicas=2, rank=0)
+    _set_sampler_epoch(DataLoader(list(range(8)), sampler=sampler, batch_size=2), 3)
+    assert calls == [3] and sampler.epoch == 3
+    _set_sampler_epoch(DataLoader(_Stream()), 1)  # no sampler to tell: nothing happens
