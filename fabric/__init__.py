@@ -42,6 +42,7 @@ from fabric.strategies import (
     Strategy,
 )
 from fabric.utilities.seed import seed_everything
+from fabric.wrappers import is_wrapped
 
 __version__ = "0.1.0"
 
@@ -80,5 +81,6 @@ __all__ = [
     "TorchCheckpointIO",
     "TorchElasticEnvironment",
     "TransformerEnginePrecision",
+    "is_wrapped",
     "seed_everything",
 ]

@@ -145,7 +145,7 @@ class Fabric:
             self._strategy.teardown()
         return result
 
-    def _validate_launched(self, method: str) -> None:
+    def _validate_launched(self, method: str = "_validate_launched") -> None:
         if self._launched:
             return
         if self._launch_called:

@@ -11,6 +11,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric import _forward_methods
+from fabric._dataloader import _FabricDataLoader
 from fabric.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
 
@@ -188,8 +189,8 @@ class _FabricOptimizer:
 
 
 def is_wrapped(obj: object) -> bool:
-    """Whether `obj` was returned by `fabric.setup*`."""
-    return isinstance(obj, (_FabricModule, _FabricOptimizer))
+    """Whether `obj` was returned by `fabric.setup*` (`setup_dataloaders` included)."""
+    return isinstance(obj, (_FabricModule, _FabricOptimizer, _FabricDataLoader))
 
 
 def unwrap_objects(obj: Any) -> Any:
@@ -200,3 +201,6 @@ def unwrap_objects(obj: Any) -> Any:
         obj = obj._fabric_optimizer
     compiled = getattr(obj, "_orig_mod", None)
     return compiled if isinstance(compiled, Module) else obj
+
+
+__all__ = ["_FabricDataLoader", "_FabricModule", "_FabricOptimizer", "is_wrapped", "unwrap_objects"]

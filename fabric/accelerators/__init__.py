@@ -3,6 +3,7 @@
 from fabric.accelerators.accelerator import Accelerator
 from fabric.accelerators.cpu import CPUAccelerator
 from fabric.accelerators.cuda import CUDAAccelerator
+from fabric.accelerators.cuda_devices import find_usable_cuda_devices
 from fabric.accelerators.mps import MPSAccelerator
 from fabric.registry import Registry
 
@@ -11,4 +12,11 @@ ACCELERATOR_REGISTRY.register("cpu", CPUAccelerator, "The CPU")
 ACCELERATOR_REGISTRY.register("cuda", CUDAAccelerator, "NVIDIA GPUs")
 ACCELERATOR_REGISTRY.register("mps", MPSAccelerator, "Apple silicon GPU")
 
-__all__ = ["ACCELERATOR_REGISTRY", "Accelerator", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator"]
+__all__ = [
+    "ACCELERATOR_REGISTRY",
+    "Accelerator",
+    "CPUAccelerator",
+    "CUDAAccelerator",
+    "MPSAccelerator",
+    "find_usable_cuda_devices",
+]

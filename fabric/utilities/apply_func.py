@@ -173,3 +173,25 @@ def _to_tensor(value: Any, device: torch.device) -> Tensor:
         # which torch cannot wrap directly.
         return torch.as_tensor(value.copy(), device=device)  # type: ignore[attr-defined]
     return torch.tensor(value, device=device)
+
+
+# -- Lightning Fabric's names for the helpers above (fabric.utilities.apply_func.*) -----------------------
+
+
+def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
+    """Move every tensor, and every object with a ``to`` method, inside ``batch`` to ``device`` (Lightning's name)."""
+    return move_to_device(batch, device)
+
+
+def convert_tensors_to_scalars(data: Any) -> Any:
+    """Replace every one-element tensor inside ``data`` by its Python number; larger tensors raise ValueError."""
+
+    def to_scalar(tensor: Tensor) -> int | float | bool:
+        if tensor.numel() != 1:
+            raise ValueError(
+                f"convert_tensors_to_scalars: a tensor of shape {tuple(tensor.shape)} has {tensor.numel()} "
+                "elements, so it is not one number. Reduce it (e.g. .mean()) before converting."
+            )
+        return tensor.item()
+
+    return apply_to_collection(data, Tensor, to_scalar)

@@ -302,3 +302,94 @@ def add_worker_init_fn(dataloader: DataLoader, rank: int, base_seed: int) -> Dat
     )
     init_fn = functools.partial(worker_init_function, rank=rank, base_seed=base_seed)
     return _rebuild_dataloader(dataloader, None, {"worker_init_fn": init_fn}, ctx)
+
+
+# -- Lightning Fabric's public data helpers (fabric.utilities.data.*) ------------------------------------
+
+
+def sized_len(dataloader: object) -> int | None:
+    """``len(dataloader)``, or None when it has no length (an IterableDataset without ``__len__``)."""
+    try:
+        return len(dataloader)  # type: ignore[arg-type]
+    except (TypeError, NotImplementedError):
+        return None
+
+
+def has_len(dataloader: object) -> bool:
+    """Whether ``len(dataloader)`` works; warns when it is 0, or when an IterableDataset defines it."""
+    from fabric.utilities.rank_zero import rank_zero_warn
+
+    length = sized_len(dataloader)
+    if length == 0:
+        rank_zero_warn(
+            f"has_len: the {type(dataloader).__name__} has length 0, so a loop over it does nothing.", stacklevel=5
+        )
+    if length is not None and has_iterable_dataset(dataloader):  # type: ignore[arg-type]
+        # Each worker process iterates the whole IterableDataset, so the length is per worker at best.
+        rank_zero_warn(
+            f"has_len: the {type(dataloader).__name__} reads an IterableDataset that defines __len__; with "
+            "several workers each one yields the whole dataset unless it shards by worker itself, so the "
+            "length may not match what the loop sees.",
+            stacklevel=5,  # the line that called has_len
+        )
+    return length is not None
+
+
+def suggested_max_num_workers(local_world_size: int) -> int:
+    """An upper bound for a DataLoader's ``num_workers``: this process's share of the usable CPU cores, minus one.
+
+    ``local_world_size`` is the number of processes on this machine (``Fabric(devices=...)``). At least 1.
+    """
+    import os
+
+    from fabric.utilities.exceptions import FabricValueError
+
+    if local_world_size < 1:
+        raise FabricValueError(
+            f"suggested_max_num_workers(local_world_size={local_world_size}): at least one process runs on this "
+            "machine. Pass the number of processes per machine (the devices flag), 1 or more."
+        )
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // local_world_size - 1)  # one core stays with the process that trains
+
+
+class AttributeDict(dict):
+    """A dict whose keys are also attributes: ``state.step += 1`` is ``state["step"] += 1``.
+
+    Handy for the ``state`` passed to ``fabric.save`` and ``fabric.load``; it pickles like a dict.
+    """
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{key}'") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+    def __delattr__(self, key: str) -> None:
+        del self[key]
+
+    def __repr__(self) -> str:
+        if not self:
+            return ""
+        width = max(len(str(key)) for key in self) + 3  # the key, its two quotes and the colon
+        labels = {key: f'"{key}":' for key in self}
+        return "\n".join(f"{labels[key]:<{width}} {self[key]}" for key in sorted(self))
+
+
+def _set_sampler_epoch(dataloader: object, epoch: int) -> None:
+    """Call ``set_epoch(epoch)`` on the loader's sampler and its batch sampler's sampler (each object once).
+
+    A ``DistributedSampler`` reshuffles only when told the epoch; forgetting it repeats epoch 0's order.
+    """
+    candidates = [getattr(dataloader, "sampler", None)]
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    if batch_sampler is not None:
+        candidates.append(getattr(batch_sampler, "sampler", None))
+    unique = {id(obj): obj for obj in candidates if obj is not None}
+    for obj in unique.values():
+        set_epoch = getattr(obj, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)

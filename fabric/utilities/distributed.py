@@ -12,6 +12,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fabric.utilities.exceptions import FabricValueError
+from fabric.utilities.shared_filesystem import is_shared_filesystem as is_shared_filesystem  # Lightning's path
+from fabric.utilities.types import ReduceOp as ReduceOp  # Lightning's path
 
 _MIN_RENDEZVOUS_TIMEOUT = timedelta(minutes=5)
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN", "product": "PRODUCT"}

@@ -1,0 +1,21 @@
+"""Lightning Fabric's import path ``plugins.environments`` (a re-export)."""
+
+from fabric.environments import (
+    ClusterEnvironment,
+    KubeflowEnvironment,
+    LightningEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
+
+__all__ = [
+    "ClusterEnvironment",
+    "KubeflowEnvironment",
+    "LSFEnvironment",
+    "LightningEnvironment",
+    "MPIEnvironment",
+    "SLURMEnvironment",
+    "TorchElasticEnvironment",
+]

@@ -1,0 +1,23 @@
+"""Lightning Fabric's import path ``plugins.precision`` (a re-export)."""
+
+from fabric.precision import (
+    BitsandbytesPrecision,
+    DeepSpeedPrecision,
+    DoublePrecision,
+    FSDPPrecision,
+    HalfPrecision,
+    MixedPrecision,
+    Precision,
+    TransformerEnginePrecision,
+)
+
+__all__ = [
+    "BitsandbytesPrecision",
+    "DeepSpeedPrecision",
+    "DoublePrecision",
+    "FSDPPrecision",
+    "HalfPrecision",
+    "MixedPrecision",
+    "Precision",
+    "TransformerEnginePrecision",
+]

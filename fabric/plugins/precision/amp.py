@@ -1,0 +1,5 @@
+"""Lightning Fabric's import path ``plugins.precision.amp`` (a re-export)."""
+
+from fabric.precision.amp import MixedPrecision
+
+__all__ = ["MixedPrecision"]

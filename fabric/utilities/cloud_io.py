@@ -1,0 +1,52 @@
+"""Files on local disks and remote stores (s3://, gs://, http(s)://, ...) through fsspec, Lightning's ``cloud_io``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import torch
+
+from fabric.utilities.types import _MAP_LOCATION_TYPE, _PATH
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+
+def get_filesystem(path: _PATH, **kwargs: Any) -> AbstractFileSystem:
+    """The fsspec file system that serves ``path`` (local for plain paths); ``kwargs`` go to its constructor."""
+    try:
+        from fsspec.core import url_to_fs
+    except ImportError:
+        raise ModuleNotFoundError(
+            f"get_filesystem({str(path)!r}): the fsspec package is not installed, so no file system can be "
+            "chosen for this path. Install it: pip install fsspec (plus s3fs, gcsfs, ... for remote stores)."
+        ) from None
+    fs, _ = url_to_fs(str(path), **kwargs)
+    return fs
+
+
+def _load(path_or_url: IO | _PATH, map_location: _MAP_LOCATION_TYPE = None, weights_only: bool | None = None) -> Any:
+    """``torch.load`` from an open file, a local path, an http(s) URL or any fsspec URL."""
+    if not isinstance(path_or_url, (str, Path)):  # an open file object
+        return torch.load(path_or_url, map_location=map_location, weights_only=weights_only)  # type: ignore[arg-type]
+    text = str(path_or_url)
+    if text.startswith(("http://", "https://")):
+        return torch.hub.load_state_dict_from_url(
+            text,
+            map_location=map_location,  # type: ignore[arg-type]
+            weights_only=bool(weights_only),
+        )
+    if _is_local_file_protocol(text):
+        return torch.load(text, map_location=map_location, weights_only=weights_only)  # type: ignore[arg-type]
+    with get_filesystem(text).open(text, "rb") as handle:
+        return torch.load(handle, map_location=map_location, weights_only=weights_only)  # type: ignore[arg-type]
+
+
+def _is_local_file_protocol(path: _PATH) -> bool:
+    """Whether ``path`` names a local file (no ``protocol://`` prefix, or ``file://``)."""
+    text = str(path)
+    return "://" not in text or text.startswith("file://")
+
+
+__all__ = ["get_filesystem"]
