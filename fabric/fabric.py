@@ -18,6 +18,7 @@ from fabric._connector import connect
 from fabric.accelerators.accelerator import Accelerator
 from fabric.accelerators.cuda import check_bf16_supported
 from fabric.loggers.logger import Logger
+from fabric.strategies import _checkpoint
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_to_device
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
@@ -365,6 +366,7 @@ class Fabric:
     ) -> None:
         """Save modules, optimizers and plain values atomically; only the ranks the strategy allows write."""
         self._validate_launched("save")
+        state = _checkpoint.with_scaler_state(state, self._strategy.precision.state_dict())
         self._strategy.save_checkpoint(path, state, filter=filter)
         self.barrier()
 
@@ -372,6 +374,7 @@ class Fabric:
         """Restore `state` in place from a checkpoint; returns what the checkpoint held beyond `state`."""
         self._validate_launched("load")
         remainder = self._strategy.load_checkpoint(path, state=state, strict=strict)
+        remainder = _checkpoint.restore_scaler_state(remainder, state, self._strategy.precision.load_state_dict)
         self.barrier()
         return remainder
 

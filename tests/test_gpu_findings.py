@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -105,3 +106,70 @@ def test_bf16_is_checked_at_once_where_cuda_is_already_up(monkeypatch: pytest.Mo
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla K80")
     with pytest.raises(ValueError, match=r"Fabric\(precision='bf16-mixed'\): the GPU cuda:0 \(Tesla K80\)"):
         Fabric(accelerator="cuda", devices=1, precision="bf16-mixed")
+
+
+# -- FSDP -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("precision", "dtype"), [("32-true", torch.float32), ("bf16-true", torch.bfloat16)])
+def test_fsdp_init_module_builds_on_the_cpu_not_on_every_gpu(
+    fake_cuda: None, precision: str, dtype: torch.dtype
+) -> None:
+    from fabric.strategies import FSDPStrategy
+
+    for strategy in (FSDPStrategy(), FSDPStrategy(cpu_offload=True)):
+        fabric = Fabric(accelerator="cuda", strategy=strategy, devices=2, precision=precision)
+        with fabric.strategy.module_init_context(empty_init=False):
+            model = torch.nn.Linear(4, 4)
+        assert model.weight.device == torch.device("cpu") and model.weight.dtype == dtype
+        with fabric.strategy.module_init_context(empty_init=True):
+            assert torch.nn.Linear(4, 4).weight.is_meta
+
+
+def test_fsdp_keeps_the_users_grad_scaler_settings() -> None:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from fabric.precision import MixedPrecision
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_factor=4.0, growth_interval=7)
+    plugin = MixedPrecision("16-mixed", device="cpu", scaler=scaler)
+    fabric = Fabric(accelerator="cpu", strategy="fsdp", devices=2, plugins=[plugin])
+    sharded = fabric.strategy.precision.scaler  # type: ignore[attr-defined]
+    assert isinstance(sharded, ShardedGradScaler)
+    assert sharded.state_dict() == scaler.state_dict()
+    assert (sharded.get_scale(), sharded.get_growth_factor(), sharded.get_growth_interval()) == (1024.0, 4.0, 7)
+
+
+# -- precision ------------------------------------------------------------------------------------------
+def test_16_mixed_on_mps_scales_the_loss() -> None:
+    from fabric.precision import MixedPrecision
+
+    plugin = MixedPrecision("16-mixed", device="mps")
+    assert isinstance(plugin.scaler, torch.amp.GradScaler)
+    assert plugin.has_loss_scaler and plugin.requires_fabric_backward
+
+
+# -- process group --------------------------------------------------------------------------------------
+def test_process_group_is_bound_to_the_gpu_and_collectives_follow_the_live_backend(
+    fake_cuda: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The strategy asks for NCCL on cuda:0; the group that really exists is gloo (no GPU here).
+
+    NCCL gets device_id so its communicator is bound at once; barrier and broadcast pick their device from the
+    backend that really runs, not the configured name (a user's or torchrun's group may differ).
+    """
+    from fabric.strategies import parallel
+
+    calls: list[dict[str, Any]] = []
+    real_init = parallel._dist.init_process_group
+
+    def record(backend: str, *args: Any, device_id: torch.device | None = None) -> None:
+        calls.append({"backend": backend, "device_id": device_id})
+        real_init("gloo", *args)
+
+    monkeypatch.setattr(parallel._dist, "init_process_group", record)
+    monkeypatch.setattr(CUDAAccelerator, "setup_device", lambda self, device: None)
+    fabric = Fabric(accelerator="cuda", strategy="ddp", devices=1)
+    fabric.launch()
+    assert calls == [{"backend": "nccl", "device_id": torch.device("cuda", 0)}]
+    fabric.barrier()
+    assert fabric.broadcast({"step": 3}) == {"step": 3}
+    fabric.strategy.teardown()

@@ -54,7 +54,9 @@ def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy | None:
 def with_sharded_scaler(precision: Precision) -> Precision:
     """float16 with a plain GradScaler: swap in FSDP's, which agrees on inf/nan across ranks before skipping a step.
 
-    A plain scaler only sees this rank's gradient shards, so ranks could disagree on whether to step.
+    A plain scaler only sees this rank's gradient shards, so ranks could disagree on whether to step. The new
+    scaler takes over the given one's settings and state (init_scale, growth_interval, ...): a user's
+    GradScaler(init_scale=...) must not silently turn into a default one.
     """
     scaler = getattr(precision, "scaler", None)
     if type(scaler) is not torch.amp.GradScaler:
@@ -63,7 +65,12 @@ def with_sharded_scaler(precision: Precision) -> Precision:
 
     from fabric.precision.amp import MixedPrecision
 
-    return MixedPrecision("16-mixed", device=getattr(precision, "device", "cuda"), scaler=ShardedGradScaler())
+    device = getattr(precision, "device", "cuda")
+    sharded = ShardedGradScaler(device=device, enabled=scaler.is_enabled())
+    settings = scaler.state_dict()  # empty for a disabled scaler
+    if settings:
+        sharded.load_state_dict(settings)
+    return MixedPrecision("16-mixed", device=device, scaler=sharded)
 
 
 # -- modules --------------------------------------------------------------------------------------------
