@@ -2,7 +2,8 @@
 
 scripts/fsdp_offload_clip.py trains on 2 CPU ranks over the mixed backend string "cpu:gloo,cuda:gloo" (what FSDP
 picks on GPUs with offload, gloo standing in for NCCL) and runs raw DDP with clip_grad_norm_ as the reference.
-Tolerance as in test_fsdp.py: reduce-scatter and all-reduce add in different orders.
+Tolerance as in test_fsdp.py: reduce-scatter and all-reduce add in different orders. The same run then trains in
+float16 with FSDP's ShardedGradScaler and checks that its state comes back from a sharded checkpoint.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ def test_offloaded_clipping_matches_ddp(results: list[dict[str, Any]]) -> None:
         torch.testing.assert_close(fsdp["losses"], ddp["losses"], rtol=RTOL, atol=ATOL)
         for name, expected in ddp["weights"].items():
             torch.testing.assert_close(fsdp["weights"][name], expected, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_loss_scaler_state_survives_a_sharded_checkpoint(results: list[dict[str, Any]]) -> None:
+    for result in results:
+        scaler = result["scaler"]
+        assert scaler["saved"]["scale"] < 2.0**24, "the scale must have moved away from its initial value"
+        assert scaler["loaded"] == scaler["saved"]
+        assert scaler["remainder"] == []
+    assert results[0]["scaler"]["saved"] == results[1]["scaler"]["saved"], "ranks agree on the scale"
 
 
 @pytest.mark.usefixtures("no_cluster_env")

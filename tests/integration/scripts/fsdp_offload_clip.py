@@ -1,23 +1,27 @@
-"""FSDP with CPU offload and gradient clipping on 2 ranks, checked against raw DDP in the same process group.
+"""FSDP with CPU offload and gradient clipping on 2 ranks, checked against raw DDP in the same process group;
+then a float16 run whose loss-scaler state goes through a sharded checkpoint.
 
 Usage: python fsdp_offload_clip.py OUTDIR [cpu|cuda]
 On the CPU the group is "cpu:gloo,cuda:gloo": the mixed backend string FSDP picks on GPUs ("cpu:gloo,cuda:nccl"),
 with gloo standing in for NCCL. On GPUs the strategy chooses the backend itself. Each rank writes
-OUTDIR/rank{N}.pt with the backend, the clipped norms and the weights of both runs (or {"error": traceback}).
+OUTDIR/rank{N}.pt with the backend, the clipped norms and the weights of both runs, and the scales before saving
+and after loading (or {"error": traceback}).
 """
 
 from __future__ import annotations
 
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from _it_common import outdir_from_argv
-from fsdp_train import SEED, ddp_reference, fabric_step, make_model, train
+from fsdp_train import SEED, batch, ddp_reference, fabric_step, make_model, train
 
 from fabric import Fabric
+from fabric.precision import MixedPrecision
 from fabric.strategies import FSDPStrategy
 
 
@@ -40,6 +44,32 @@ def offloaded_run(fabric: Fabric) -> dict[str, Any]:
     return result
 
 
+def scaler_through_sharded_checkpoint(accelerator: str, outdir: Path) -> dict[str, Any]:
+    """16-mixed under FSDP (a ShardedGradScaler), saved as a sharded directory and loaded into a fresh run."""
+
+    def make() -> tuple[Fabric, Any, Any]:
+        device = "cpu" if accelerator == "cpu" else "cuda"
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**24, growth_interval=2)
+        plugin = MixedPrecision("16-mixed", device=device, scaler=scaler)
+        fabric = Fabric(accelerator=accelerator, strategy="fsdp", devices=2, plugins=[plugin])
+        fabric.launch()  # joins the existing group
+        fabric.seed_everything(SEED, verbose=False)
+        model = fabric.setup_module(make_model())
+        return fabric, model, fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=1e-3))
+
+    fabric, model, optimizer = make()
+    for step in range(5):
+        x, _ = batch(step, fabric.global_rank)
+        fabric.backward(model(x * 30).float().pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    saved = fabric.strategy.precision.state_dict()
+    fabric.save(outdir / "scaler_ckpt", {"model": model, "optimizer": optimizer})
+    other, model_b, optimizer_b = make()
+    remainder = other.load(outdir / "scaler_ckpt", {"model": model_b, "optimizer": optimizer_b})
+    return {"saved": saved, "loaded": other.strategy.precision.state_dict(), "remainder": sorted(remainder)}
+
+
 def main() -> None:
     outdir = outdir_from_argv()
     accelerator = sys.argv[2] if len(sys.argv) > 2 else "cpu"
@@ -52,6 +82,7 @@ def main() -> None:
         results["fsdp"] = offloaded_run(fabric)
         if accelerator == "cpu":  # the reference needs a CPU model; on GPUs the test compares the two ranks
             results["ddp"] = ddp_reference(fabric, clip=True)
+        results["scaler"] = scaler_through_sharded_checkpoint(accelerator, outdir)
     except Exception:
         results["error"] = traceback.format_exc()
     torch.save(results, outdir / f"rank{fabric.global_rank}.pt")
