@@ -36,8 +36,11 @@ def offloaded_run(fabric: Fabric) -> dict[str, Any]:
         grad_devices.update(str(p.grad.to_local().device.type) for p in model.parameters() if p.grad is not None)
         return fabric.clip_gradients(model, optimizer, max_norm=0.5)
 
+    def step(model: Any, x: torch.Tensor, y: torch.Tensor, sync: bool) -> float:
+        return fabric_step(fabric)(model, x.to(fabric.device), y.to(fabric.device), sync)
+
     grad_devices: set[str] = set()
-    result = train(model, optimizer, fabric.global_rank, fabric_step(fabric), clip=clip)
+    result = train(model, optimizer, fabric.global_rank, step, clip=clip)
     result["weights"] = {k: v.cpu() for k, v in result["weights"].items()}
     result["grad_devices"] = sorted(grad_devices)
     result["shard_devices"] = sorted({p.to_local().device.type for p in model.parameters()})
@@ -60,7 +63,7 @@ def scaler_through_sharded_checkpoint(accelerator: str, outdir: Path) -> dict[st
     fabric, model, optimizer = make()
     for step in range(5):
         x, _ = batch(step, fabric.global_rank)
-        fabric.backward(model(x * 30).float().pow(2).mean())
+        fabric.backward(model(x.to(fabric.device) * 30).float().pow(2).mean())
         optimizer.step()
         optimizer.zero_grad()
     saved = fabric.strategy.precision.state_dict()
