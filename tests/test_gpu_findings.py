@@ -67,9 +67,9 @@ def test_gpu_count_does_not_ask_is_available(monkeypatch: pytest.MonkeyPatch) ->
 
 
 # -- bf16 checks must not initialise CUDA in the parent -----------------------------------------------------
-@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook", "ddp_spawn", "ddp"])
-@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
-def test_bf16_on_gpus_builds_without_initialising_cuda(fake_cuda: None, strategy: str, precision: str) -> None:
+@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook", "ddp_spawn", "ddp", "fsdp", "deepspeed"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true", "16-mixed", "16-true", "32-true"])
+def test_fabric_on_gpus_builds_without_initialising_cuda(fake_cuda: None, strategy: str, precision: str) -> None:
     fabric = Fabric(accelerator="cuda", strategy=strategy, devices=2, precision=precision)
     assert fabric.strategy.parallel_devices == [torch.device("cuda", 0), torch.device("cuda", 1)]
     assert not torch.cuda.is_initialized()
