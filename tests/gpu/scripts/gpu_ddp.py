@@ -7,6 +7,8 @@ batches in the same process group, so their weights must be equal.
 
 from __future__ import annotations
 
+import os
+
 import _gpu_paths  # noqa: F401  (puts tests/integration/scripts on the path)
 import torch
 import torch.distributed as dist
@@ -34,6 +36,9 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, fabric: Fabric, ra
 
 def main() -> None:
     outdir = outdir_from_argv()
+    # Deterministic cuBLAS, so that the two runs may be compared bit for bit (set before CUDA starts).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
     fabric = Fabric(accelerator="cuda", strategy="ddp", devices=2)
     fabric.launch()
     rank, device = fabric.global_rank, fabric.device

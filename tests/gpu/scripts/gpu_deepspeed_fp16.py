@@ -27,7 +27,10 @@ def loss_scale(fabric: Fabric) -> float:
 
 def make(outdir: Any) -> tuple[Fabric, Any, Any]:
     # A torch optimizer with optimizer offload needs DeepSpeed's permission (its CPUAdam would compile an op).
-    strategy = DeepSpeedStrategy(stage=2, offload_optimizer=True, config={"zero_force_ds_cpu_optimizer": False})
+    # hysteresis=1: the first overflow lowers the scale (DeepSpeed's default, 2, waits for a second one).
+    strategy = DeepSpeedStrategy(
+        stage=2, offload_optimizer=True, hysteresis=1, config={"zero_force_ds_cpu_optimizer": False}
+    )
     fabric = Fabric(accelerator="cuda", devices=2, strategy=strategy, precision="16-mixed")
     fabric.launch()
     torch.manual_seed(0)
