@@ -27,7 +27,7 @@ def make_strategy(name: str) -> Any:
 
 
 def local_devices(model: nn.Module) -> list[str]:
-    tensors = [getattr(p, "_local_tensor", p) for p in model.parameters()]  # FSDP: the shard, not the DTensor
+    tensors = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]  # FSDP: the shard
     return sorted({str(t.device) for t in tensors})
 
 
