@@ -70,6 +70,7 @@ def test_fsdp_offload_clipping_and_sharded_checkpoint_on_two_gpus(tmp_path: Path
         assert result["backend"] == "cpu:gloo,cuda:nccl"
         fsdp = result["fsdp"]
         assert fsdp["shard_devices"] == ["cpu"] and fsdp["grad_devices"] == ["cpu"]
+        assert fsdp["built_on"] == ["cpu"], "init_module must not build the whole model on every GPU"
         assert all(torch.isfinite(torch.tensor(fsdp["norms"]))) and min(fsdp["norms"]) > 0
         assert fsdp["losses"][-1] < fsdp["losses"][0]
         scaler = result["scaler"]

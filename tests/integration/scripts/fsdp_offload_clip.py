@@ -29,6 +29,7 @@ def offloaded_run(fabric: Fabric) -> dict[str, Any]:
     fabric.seed_everything(SEED, verbose=False)
     with fabric.init_module():
         model = make_model()
+    built_on = sorted({p.device.type for p in model.parameters()})  # not the GPU: offloading would be undone
     model = fabric.setup_module(model)
     optimizer = fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
 
@@ -43,6 +44,7 @@ def offloaded_run(fabric: Fabric) -> dict[str, Any]:
     result = train(model, optimizer, fabric.global_rank, step, clip=clip)
     result["weights"] = {k: v.cpu() for k, v in result["weights"].items()}
     result["grad_devices"] = sorted(grad_devices)
+    result["built_on"] = built_on
     result["shard_devices"] = sorted({p.to_local().device.type for p in model.parameters()})
     return result
 
