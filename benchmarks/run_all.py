@@ -1,4 +1,4 @@
-"""Run every CPU benchmark one after another (and, with --cuda, the CUDA precision one), printing all their tables.
+"""Run every CPU benchmark one after another (and, with --cuda, the GPU ones), printing all their tables.
 
 The scripts run one at a time, never side by side: two benchmarks sharing the cores would measure each other.
 Each gets the same --peer-python (or $FABRIC_BENCH_PEER_PYTHON) so every table has the Lightning Fabric and
@@ -24,7 +24,11 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
     """The argument lists, one per script, in the order they run."""
     if args.smoke:
         cpu = [["launch_startup.py", "--smoke"], ["checkpoint.py", "--smoke"]]
-        return [*cpu, ["cuda_precision.py", "--device", "cpu", "--smoke"]]
+        gpu = [
+            ["cuda_precision.py", "--device", "cpu", "--smoke"],
+            ["gpu_memory_and_speed.py", "--device", "cpu", "--smoke"],
+        ]
+        return [*cpu, *gpu]
     peer = ["--peer-python", args.peer_python] if args.peer_python else []
     rounds = ["--rounds", str(args.rounds)]
     scripts = [
@@ -36,6 +40,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
     ]
     if args.cuda:
         scripts.append(["cuda_precision.py", "--rounds", str(max(1, args.rounds // 2 + 1)), *peer])
+        scripts.append(["gpu_memory_and_speed.py", *peer])
     return scripts
 
 
@@ -60,7 +65,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="rounds per script (import_time: 3x as many runs)")
     parser.add_argument("--peer-python", help="interpreter with lightning-fabric and accelerate installed")
-    parser.add_argument("--cuda", action="store_true", help="also run cuda_precision.py (needs a GPU)")
+    parser.add_argument(
+        "--cuda", action="store_true", help="also run cuda_precision.py and gpu_memory_and_speed.py (GPUs)"
+    )
     parser.add_argument("--smoke", action="store_true", help="only the new scripts' quick --smoke modes")
     parser.add_argument("--tee", type=Path, help="also write everything to this file")
     args = parser.parse_args()

@@ -1,5 +1,7 @@
 """fabric: scale a raw PyTorch training loop to many processes, devices and nodes with a few lines."""
 
+import os
+
 from fabric.accelerators import (
     ACCELERATOR_REGISTRY,
     Accelerator,
@@ -43,6 +45,11 @@ from fabric.strategies import (
 )
 from fabric.utilities.seed import seed_everything
 from fabric.wrappers import is_wrapped
+
+# Without this, torch.cuda.is_available() initialises the CUDA driver in the calling process, and a process that
+# later forks (ddp_fork, ddp_notebook) can no longer use CUDA in its children. With it, torch counts devices
+# through NVML, which leaves the driver untouched. Lightning sets it on import too; a user's own value wins.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 __version__ = "0.1.0"
 

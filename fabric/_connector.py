@@ -10,6 +10,7 @@ import torch
 
 from fabric._cli_flags import cli_flags, merge_cli_flags
 from fabric.accelerators import ACCELERATOR_REGISTRY, Accelerator
+from fabric.accelerators.cuda import check_bf16_supported
 from fabric.environments import ClusterEnvironment, detect_environment
 from fabric.io import CheckpointIO, TorchCheckpointIO
 from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
@@ -220,14 +221,14 @@ def _make_precision(name: str, accel: Accelerator, strategy: Strategy) -> Precis
             stacklevel=4,
         )
         name = "bf16-mixed"
+    if name.startswith("bf16") and device_type == "cuda" and torch.cuda.is_initialized():
+        # Only where CUDA is already up: initialising it here would make ddp_fork refuse to launch. Otherwise
+        # the check runs in each process once it is launched (Fabric's worker setup).
+        check_bf16_supported(torch.device("cuda", torch.cuda.current_device()), name)
     own = strategy._precision_plugin(name, device_type)  # DeepSpeed applies a precision its own way
     if own is not None:
         return own
     if name in ("16-mixed", "bf16-mixed"):
-        if name == "bf16-mixed" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise FabricValueError(
-                "Fabric(precision='bf16-mixed'): this GPU does not support bfloat16. Use precision='16-mixed'."
-            )
         return MixedPrecision(name, device=device_type)  # type: ignore[arg-type]
     if name in ("16-true", "bf16-true"):
         return HalfPrecision(name)  # type: ignore[arg-type]

@@ -16,7 +16,9 @@ from torch.optim import Optimizer
 from fabric import _collectives
 from fabric._connector import connect
 from fabric.accelerators.accelerator import Accelerator
+from fabric.accelerators.cuda import check_bf16_supported
 from fabric.loggers.logger import Logger
+from fabric.strategies import _checkpoint
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_to_device
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
@@ -133,8 +135,7 @@ class Fabric:
         return launcher.launch(self._run_worker, function, args, kwargs)
 
     def _run_worker(self, function: Callable[..., Any] | None, args: tuple, kwargs: dict) -> Any:
-        self._strategy.setup_environment()
-        self._launched = True
+        self._setup_process()
         if function is None:
             return None
         launcher = self._strategy.launcher
@@ -160,7 +161,14 @@ class Fabric:
                 f"strategy {type(self._strategy).__name__} do not exist yet. Call fabric.launch() first (or "
                 "pass your training function to fabric.launch)."
             )
+        self._setup_process()
+
+    def _setup_process(self) -> None:
         self._strategy.setup_environment()
+        name = getattr(self._strategy.precision, "precision", None)
+        if isinstance(name, str) and name.startswith("bf16"):
+            # Here, not in Fabric(...): asking CUDA in the parent process would stop ddp_fork from forking.
+            check_bf16_supported(self._strategy.root_device, name)
         self._launched = True
 
     # -- setup ----------------------------------------------------------------------------------
@@ -358,6 +366,7 @@ class Fabric:
     ) -> None:
         """Save modules, optimizers and plain values atomically; only the ranks the strategy allows write."""
         self._validate_launched("save")
+        state = _checkpoint.with_scaler_state(state, self._strategy.precision.state_dict())
         self._strategy.save_checkpoint(path, state, filter=filter)
         self.barrier()
 
@@ -376,6 +385,7 @@ class Fabric:
         """
         self._validate_launched("load")
         remainder = self._strategy.load_checkpoint(path, state=state, strict=strict, weights_only=weights_only)
+        remainder = _checkpoint.restore_scaler_state(remainder, state, self._strategy.precision.load_state_dict)
         self.barrier()
         return remainder
 

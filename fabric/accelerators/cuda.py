@@ -12,8 +12,20 @@ from fabric.utilities.exceptions import FabricValueError
 
 
 def _cuda_count() -> int:
-    # torch.cuda.device_count() reads NVML without initialising CUDA, so forking stays safe afterwards.
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # device_count() asks NVML and leaves the CUDA driver untouched, so ddp_fork can still fork afterwards;
+    # is_available() would initialise the driver unless PYTORCH_NVML_BASED_CUDA_CHECK=1 (set on `import fabric`,
+    # but a user may have set it to 0). It returns 0 on a CPU-only build of torch.
+    return torch.cuda.device_count()
+
+
+def check_bf16_supported(device: torch.device, precision: str) -> None:
+    """Refuse bfloat16 on a GPU that cannot run it; call it only where CUDA may be initialised (after launch)."""
+    if device.type != "cuda" or torch.cuda.is_bf16_supported():
+        return
+    raise FabricValueError(
+        f"Fabric(precision={precision!r}): the GPU {device} ({torch.cuda.get_device_name(device)}) does not support "
+        "bfloat16. Use precision='16-mixed' (float16 with loss scaling) or '32-true'."
+    )
 
 
 class CUDAAccelerator(Accelerator):

@@ -34,8 +34,9 @@ class MixedPrecision(Precision):
                 "MixedPrecision(precision='bf16-mixed', scaler=...): bfloat16 has float32's range and needs no "
                 "loss scaling. Drop the scaler, or use precision='16-mixed'."
             )
-        if scaler is None and precision == "16-mixed" and device == "cuda":
-            scaler = torch.amp.GradScaler("cuda")
+        if scaler is None and precision == "16-mixed" and device in ("cuda", "mps"):
+            # float16 gradients underflow without loss scaling on any GPU; MPS has its own GradScaler too.
+            scaler = torch.amp.GradScaler(device)
         self.precision = precision
         self.device = device
         self.scaler = scaler

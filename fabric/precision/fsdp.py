@@ -156,10 +156,23 @@ def as_fsdp_precision(precision: Precision, owner: str) -> Precision:
 
     if type(precision) not in (Precision, MixedPrecision, HalfPrecision, DoublePrecision):
         return precision
+    device = getattr(precision, "device", "cuda")
     scaler = getattr(precision, "scaler", None)
     if type(scaler) is torch.amp.GradScaler:
-        scaler = None  # replaced by a ShardedGradScaler
-    return FSDPPrecision(precision.precision, device=getattr(precision, "device", "cuda"), scaler=scaler)  # type: ignore[arg-type]
+        scaler = _sharded_copy(scaler, device)
+    return FSDPPrecision(precision.precision, device=device, scaler=scaler)  # type: ignore[arg-type]
+
+
+def _sharded_copy(scaler: torch.amp.GradScaler, device: str) -> torch.amp.GradScaler:
+    """A ShardedGradScaler with the given scaler's settings and state: a user's GradScaler(init_scale=...,
+    growth_interval=...) must not silently turn into a default one."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    sharded = ShardedGradScaler(device=device, enabled=scaler.is_enabled())
+    settings = scaler.state_dict()  # empty for a disabled scaler
+    if settings:
+        sharded.load_state_dict(settings)
+    return sharded
 
 
 def _standard_plugin(precision: str, device: str, scaler: torch.amp.GradScaler | None) -> Precision:

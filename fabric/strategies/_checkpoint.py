@@ -117,3 +117,34 @@ def _load_module(module: Module, state_dict: dict[str, Any], strict: bool, where
             f"load({where}): the saved weights do not fit {type(module).__name__}: {err}. Load into the model "
             "the checkpoint was saved from, or pass strict=False to skip missing and unexpected keys."
         ) from None
+
+
+# -- loss scaler ----------------------------------------------------------------------------------------
+# Where fabric.save puts the precision's loss-scaler state (scale, growth tracker, ...), beside the user's keys.
+# A top-level entry of plain numbers: a plain file, a sharded directory (DCP stores it as non-tensor values) and
+# a full file all hold it alike, and a checkpoint without it (older, or saved without a scaler) still loads.
+SCALER_KEY = "fabric_grad_scaler"
+
+
+def with_scaler_state(state: dict[str, Any], precision_state: dict[str, Any]) -> dict[str, Any]:
+    """`state` plus the scaler's state when this is a training checkpoint (it holds an optimizer).
+
+    Without it a resumed float16 run restarts at the initial scale (65536) and skips steps until it has backed
+    off again. A user who saves their own entry under the same key keeps it.
+    """
+    if not precision_state or not isinstance(state, dict) or SCALER_KEY in state:
+        return state
+    if not any(isinstance(unwrap(value), Optimizer) for value in state.values()):
+        return state
+    return {**state, SCALER_KEY: precision_state}
+
+
+def restore_scaler_state(
+    remainder: dict[str, Any], asked: Any, load_precision_state: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Give a saved scaler state back to the precision and keep it out of what fabric.load returns."""
+    if not isinstance(asked, dict) or SCALER_KEY in asked or SCALER_KEY not in remainder:
+        return remainder
+    remainder = dict(remainder)
+    load_precision_state(remainder.pop(SCALER_KEY))
+    return remainder

@@ -108,11 +108,13 @@ class _FullyShardedStrategy(ParallelStrategy):
         """Nothing: fully_shard moves each shard to the device, so the whole model never has to fit on one."""
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
-        """With empty_init=True, create parameters on the meta device; they are allocated after sharding."""
-        if not empty_init:
-            return super().module_init_context(empty_init)
+        """Create parameters on the CPU, or with empty_init=True on the meta device (allocated after sharding).
+
+        Never on the GPU: every rank would hold the whole model there before sharding, which is what FSDP (and
+        CPU offload above all) exists to avoid. fully_shard moves each rank's shard to its device.
+        """
         stack = ExitStack()
-        stack.enter_context(torch.device("meta"))
+        stack.enter_context(torch.device("meta" if empty_init else "cpu"))
         stack.enter_context(self.precision.module_init_context())
         return stack
 

@@ -55,6 +55,10 @@ class DDPStrategy(ParallelStrategy):
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        # Built on the current (default) stream, as plain DDP is. Lightning built it on a side stream, which only
+        # whole-network CUDA graph capture needs, and which makes every backward warn that AccumulateGrad's
+        # stream differs from the producer's (Lightning has since dropped it). Capture users can enter their own
+        # torch.cuda.stream(...) around fabric.setup.
         return DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
 
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:

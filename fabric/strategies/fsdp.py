@@ -99,6 +99,15 @@ class FSDPStrategy(_FullyShardedStrategy):
             )
 
     @property
+    def process_group_backend(self) -> str:
+        """With CPU offload on GPUs, gloo for CPU tensors next to NCCL: the gradient norm of offloaded shards is
+        reduced on the CPU, which NCCL cannot do."""
+        backend = super().process_group_backend
+        if self.cpu_offload and self._process_group_backend is None and backend == "nccl":
+            return "cpu:gloo,cuda:nccl"
+        return backend
+
+    @property
     def mixed_precision_policy(self) -> MixedPrecisionPolicy | None:
         """The policy given to fully_shard: the explicit `mixed_precision`, else the one the precision implies."""
         return self._mixed_precision or mixed_precision_policy(self.precision.precision)

@@ -168,6 +168,9 @@ class ParallelStrategy(Strategy):
             self.world_size,
             self.global_rank,
             self._timeout,
+            # Binds NCCL's communicator to this GPU at once, instead of torch guessing the device at the first
+            # collective (and warning that a wrong guess can hang).
+            device_id=self.root_device if self.root_device.type == "cuda" else None,
         )
         self._owns_process_group = True
         # gloo processes that exit with a live group can abort; leave cleanly even if the user never tears down.
@@ -208,7 +211,7 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             return
         with self._explain_timeout("barrier"):
-            if self.process_group_backend == "nccl":
+            if self._live_group_uses_nccl:
                 dist.barrier(device_ids=[self.root_device.index])
             else:
                 dist.barrier()
@@ -224,7 +227,13 @@ class ParallelStrategy(Strategy):
 
     @property
     def _object_device(self) -> torch.device | None:
-        return self.root_device if self.process_group_backend == "nccl" else None
+        return self.root_device if self._live_group_uses_nccl else None
+
+    @property
+    def _live_group_uses_nccl(self) -> bool:
+        # The group that exists decides, not the configured name: a group made by the user or torchrun may use
+        # another backend, and a mixed one ("cpu:gloo,cuda:nccl") sends CUDA tensors through NCCL.
+        return self.root_device.type == "cuda" and "nccl" in str(dist.get_backend())
 
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
         """Stack the tensors of all processes along a new first dimension."""

@@ -89,7 +89,13 @@ class _DifferentiableAllGather(torch.autograd.Function):
 
 
 def init_process_group(
-    backend: str, main_address: str, main_port: int, world_size: int, rank: int, timeout: timedelta
+    backend: str,
+    main_address: str,
+    main_port: int,
+    world_size: int,
+    rank: int,
+    timeout: timedelta,
+    device_id: torch.device | None = None,
 ) -> None:
     """Join the default process group over a TCP rendezvous at main_address:main_port.
 
@@ -108,7 +114,9 @@ def init_process_group(
         )
     )
     store.set_timeout(timeout)  # what init_process_group does after its own rendezvous
-    dist.init_process_group(backend=backend, store=store, world_size=world_size, rank=rank, timeout=timeout)
+    dist.init_process_group(
+        backend=backend, store=store, world_size=world_size, rank=rank, timeout=timeout, device_id=device_id
+    )
 
 
 @contextmanager
