@@ -22,6 +22,10 @@ def _describe(strategy: Any) -> str:
     return f"{type(strategy).__name__}()" if isinstance(strategy, Strategy) else repr(strategy)
 
 
+def _lower(flag: Any) -> Any:
+    return flag.lower() if isinstance(flag, str) else flag
+
+
 def _names(names: Iterable[str]) -> str:
     return ", ".join(names)
 
@@ -35,6 +39,8 @@ def connect(
     plugins: Any,
 ) -> tuple[Strategy, bool]:
     """Resolve every flag against the others and the environment; the strategy, and whether `fabric run` started us."""
+    # Names are case-insensitive: strategy="DDP" (as in Lightning Fabric), and accelerator and precision alike.
+    accelerator, strategy, precision = _lower(accelerator), _lower(strategy), _lower(precision)
     cli = cli_flags()
     if cli:
         accelerator, strategy, devices, num_nodes, precision = merge_cli_flags(

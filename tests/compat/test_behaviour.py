@@ -205,3 +205,43 @@ def test_sharded_model_warning_points_at_the_callers_line() -> None:
         warnings.simplefilter("always")
         fabric.sharded_model()
     assert [w.filename for w in caught] == [__file__]
+
+
+# -- 4. names are case-insensitive ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "strategy", "precision"),
+    [({"strategy": "DDP", "devices": 2}, "DDPStrategy", "Precision"),
+     ({"strategy": "Single_Device"}, "SingleDeviceStrategy", "Precision"),
+     ({"strategy": "AUTO", "precision": "BF16-Mixed"}, "SingleDeviceStrategy", "MixedPrecision"),
+     ({"precision": "BF16-TRUE"}, "SingleDeviceStrategy", "HalfPrecision")],
+)  # fmt: skip
+def test_strategy_accelerator_and_precision_names_are_case_insensitive(
+    flags: dict[str, Any], strategy: str, precision: str
+) -> None:
+    fabric = Fabric(accelerator="CPU", **flags)
+    assert type(fabric.accelerator).__name__ == "CPUAccelerator"
+    assert type(fabric.strategy).__name__ == strategy
+    assert type(fabric.strategy.precision).__name__ == precision
+
+
+def test_registry_lookups_ignore_case_and_names_are_listed_in_lower_case() -> None:
+    from fabric import STRATEGY_REGISTRY, SingleDeviceStrategy
+
+    STRATEGY_REGISTRY.register("My_Strategy", SingleDeviceStrategy, "test")
+    try:
+        assert "my_strategy" in STRATEGY_REGISTRY.names()
+        assert "MY_STRATEGY" in STRATEGY_REGISTRY
+        assert STRATEGY_REGISTRY.get("my_STRATEGY")[0] is SingleDeviceStrategy
+        assert type(Fabric(accelerator="cpu", strategy="MY_strategy").strategy) is SingleDeviceStrategy
+        with pytest.raises(ValueError, match=r"register\('my_strategy'\): this strategy name is already registered"):
+            STRATEGY_REGISTRY.register("my_strategy", SingleDeviceStrategy)
+    finally:
+        STRATEGY_REGISTRY.remove("MY_STRATEGY")
+    assert "my_strategy" not in STRATEGY_REGISTRY
+
+
+def test_an_unknown_name_in_any_case_is_still_an_error() -> None:
+    with pytest.raises(ValueError, match=r"unknown strategy 'ddp_spwan'"):
+        Fabric(accelerator="cpu", strategy="DDP_SPWAN")
