@@ -10,7 +10,7 @@ import torch
 
 from fabric._cli_flags import cli_flags, merge_cli_flags
 from fabric.accelerators import ACCELERATOR_REGISTRY, Accelerator
-from fabric.environments import ClusterEnvironment, detect_environment
+from fabric.environments import ClusterEnvironment, ProcessGroupEnvironment, detect_environment
 from fabric.io import CheckpointIO, TorchCheckpointIO
 from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from fabric.precision._names import LEGACY_PRECISION, PRECISIONS
@@ -56,7 +56,7 @@ def connect(
     _check_num_nodes(num_nodes)
     environment = _resolve_environment(environment, user_strategy)
     accel = _resolve_accelerator(accelerator, user_strategy)
-    indices = _resolve_devices(accel, devices, num_nodes, environment)
+    indices = _resolve_devices(accel, devices, num_nodes, environment, strategy)
     if user_strategy is None:
         user_strategy = _build_strategy(strategy, indices, num_nodes, accelerator, devices)
     precision_plugin = _resolve_precision(precision, precision_plugin, user_strategy, accel)
@@ -167,16 +167,30 @@ def _named_accelerator(name: str) -> Accelerator:
     return factory(**kwargs)
 
 
-def _resolve_devices(accel: Accelerator, devices: Any, num_nodes: int, env: ClusterEnvironment) -> list[int]:
+def _resolve_devices(
+    accel: Accelerator, devices: Any, num_nodes: int, env: ClusterEnvironment, strategy: Any
+) -> list[int]:
     """Device indices for this machine; under an external launcher they must match what it started."""
     if not env.creates_processes_externally:
         return accel.parse_devices(devices)
+    if devices != "auto" and num_nodes == 1 and _standalone_in_group(env, strategy):
+        indices = accel.parse_devices(devices)
+        if len(indices) == 1:
+            return indices
     per_node = env.processes_per_node()
     if per_node is not None and devices == "auto":
         devices = per_node  # a count: N processes on the CPU, the first N devices elsewhere
     indices = accel.parse_devices(devices)
     env.validate_settings(len(indices), num_nodes)
     return indices
+
+
+def _standalone_in_group(env: ClusterEnvironment, strategy: Any) -> bool:
+    """Whether one device asked for explicitly inside a process group that is already running (libraries do this to
+    merge weights after a distributed run) gives, as in Lightning Fabric, a single-device Fabric that neither joins
+    nor touches the group. devices='auto' still joins it."""
+    single = strategy in ("auto", "single_device") or isinstance(strategy, SingleDeviceStrategy)
+    return single and isinstance(env, ProcessGroupEnvironment)
 
 
 def _build_strategy(flag: Any, indices: list[int], num_nodes: int, accelerator: Any, devices: Any) -> Strategy:

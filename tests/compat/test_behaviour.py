@@ -245,3 +245,33 @@ def test_registry_lookups_ignore_case_and_names_are_listed_in_lower_case() -> No
 def test_an_unknown_name_in_any_case_is_still_an_error() -> None:
     with pytest.raises(ValueError, match=r"unknown strategy 'ddp_spwan'"):
         Fabric(accelerator="cpu", strategy="DDP_SPWAN")
+
+
+# -- 7. a single-process Fabric inside a process group that is already running ----------------------------------
+
+
+def _fake_group(monkeypatch: pytest.MonkeyPatch, world_size: int, rank: int) -> None:
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: world_size)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+
+
+@pytest.mark.usefixtures("no_cluster_env")
+@pytest.mark.parametrize("flags", [{"devices": 1}, {"devices": "1"}, {"devices": 1, "strategy": "single_device"}])
+def test_explicit_single_device_inside_a_running_group_is_standalone(
+    monkeypatch: pytest.MonkeyPatch, flags: dict[str, Any]
+) -> None:
+    _fake_group(monkeypatch, 2, 1)
+    fabric = Fabric(accelerator="cpu", **flags)
+    assert type(fabric.strategy).__name__ == "SingleDeviceStrategy"
+    assert (fabric.world_size, fabric.global_rank, fabric.is_global_zero) == (1, 0, True)
+    assert fabric.strategy.launcher is None
+
+
+@pytest.mark.usefixtures("no_cluster_env")
+def test_ddp_on_one_device_inside_a_larger_group_is_still_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_group(monkeypatch, 2, 0)
+    with pytest.raises(ValueError, match=r"not 1 x 1\..*pass devices=1 with strategy 'auto' or 'single_device'"):
+        Fabric(accelerator="cpu", strategy="ddp", devices=1)
