@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from fabric._cli_flags import cli_flags, merge_cli_flags
+from fabric._cli_flags import cli_flags, merge_cli_flags, under_cli
 from fabric.accelerators import ACCELERATOR_REGISTRY, Accelerator
 from fabric.environments import ClusterEnvironment, ProcessGroupEnvironment, detect_environment
 from fabric.io import CheckpointIO, TorchCheckpointIO
@@ -73,7 +73,7 @@ def connect(
         parallel_devices=accel.get_parallel_devices(indices),
         num_nodes=num_nodes,
     )
-    return user_strategy, bool(cli)
+    return user_strategy, under_cli()
 
 
 def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment | None, CheckpointIO | None]:
