@@ -6,6 +6,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Generator, Iterable, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,9 @@ class Fabric:
         self._launched = False
         self._launch_called = False
         self._backward_state = _BackwardState()
+        if type(self).run is not Fabric.run:
+            # Lightning's subclass style: MyFabric(...).run(args) launches the processes and runs it in each.
+            self.run = partial(self._launch_run, self.run)  # type: ignore[method-assign]
 
     # -- properties -----------------------------------------------------------------------------
     @property
@@ -138,6 +142,12 @@ class Fabric:
         if launcher is None:
             return self._run_worker(function, args, kwargs)
         return launcher.launch(self._run_worker, function, args, kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Override in a subclass to hold the training code; calling it launches the processes and runs it in each."""
+
+    def _launch_run(self, run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self.launch(_call_run, run, *args, **kwargs)
 
     def _run_worker(self, function: Callable[..., Any] | None, args: tuple, kwargs: dict) -> Any:
         self._strategy.setup_environment()
@@ -469,6 +479,10 @@ def _as_list(value: Any) -> list[Any]:
     if value is None:
         return []
     return list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else [value]
+
+
+def _call_run(fabric: Fabric, run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return run(*args, **kwargs)
 
 
 def _check_launch_function(function: Callable[..., Any], args: tuple, kwargs: dict) -> None:

@@ -275,3 +275,30 @@ def test_ddp_on_one_device_inside_a_larger_group_is_still_rejected(monkeypatch: 
     _fake_group(monkeypatch, 2, 0)
     with pytest.raises(ValueError, match=r"not 1 x 1\..*pass devices=1 with strategy 'auto' or 'single_device'"):
         Fabric(accelerator="cpu", strategy="ddp", devices=1)
+
+
+# -- Lightning's subclass style: override Fabric.run ------------------------------------------------------------
+
+
+class _RunFabric(Fabric):
+    def run(self, scale: float, offset: float = 0.0) -> tuple[int, float, bool]:
+        model = self.setup(nn.Linear(1, 1, bias=False))
+        total = self.all_reduce(torch.tensor(float(self.global_rank + 1)) * scale, reduce_op="sum")
+        return self.global_rank, total.item() + offset, self._launched and model.device == self.device
+
+
+def test_overridden_run_launches_and_returns_its_result() -> None:
+    assert _RunFabric(accelerator="cpu", devices=1).run(3.0, offset=1.0) == (0, 4.0, True)
+
+
+def test_overridden_run_can_be_called_only_once_like_launch() -> None:
+    fabric = _RunFabric(accelerator="cpu", devices=1)
+    fabric.run(1.0)
+    with pytest.raises(RuntimeError, match=r"launch was already called for this Fabric object"):
+        fabric.run(1.0)
+
+
+def test_base_run_does_nothing_and_does_not_launch() -> None:
+    fabric = _fabric()
+    assert fabric.run() is None
+    assert not fabric._launch_called
