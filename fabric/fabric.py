@@ -195,7 +195,7 @@ class Fabric:
         forward_module, opts = self._strategy.setup_module_and_optimizers(module, optimizers)
         wrapped = self._wrap_module(forward_module, module, move_to_device)
         wrapped_opts = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in opts]
-        _lightning_module.attach(module, self, self._callbacks, wrapped_opts)
+        _lightning_module.attach(_uncompiled(module), self, self._callbacks, wrapped_opts)
         self.call("on_after_setup", fabric=self, module=wrapped)
         if not optimizers:
             return wrapped
@@ -210,7 +210,7 @@ class Fabric:
             self._strategy.module_to_device(module)
         wrapped = self._wrap_module(self._strategy.setup_module(module), module, move_to_device)
         # Lightning fires on_after_setup from setup() only, and attaches no optimizers here.
-        _lightning_module.attach(module, self, self._callbacks, None)
+        _lightning_module.attach(_uncompiled(module), self, self._callbacks, None)
         return wrapped
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
@@ -265,6 +265,9 @@ class Fabric:
 
     def _wrap_module(self, forward_module: Module, original: Module, moved: bool) -> _FabricModule:
         state = self._backward_state if self._strategy.precision.requires_fabric_backward else None
+        # A torch.compile'd model keeps running compiled; attributes and state_dict come from the module inside it,
+        # so its keys carry no "_orig_mod." prefix (Lightning Fabric unwraps it the same way).
+        original = _uncompiled(original)
         wrapped = _FabricModule(forward_module, original, self._strategy.precision, state)
         # Sharded strategies and move_to_device=False leave no single root device: report where the weights are.
         first = next(original.parameters(), None)
@@ -450,6 +453,12 @@ class Fabric:
     def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
         """Seed python, numpy and torch; with `workers` (default True) dataloader workers are seeded too."""
         return _seed_everything(seed, workers=True if workers is None else workers, verbose=verbose)
+
+
+def _uncompiled(module: Module) -> Module:
+    """The module inside a torch.compile wrapper (recognised by name: torch._dynamo is costly to import)."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if type(module).__name__ == "OptimizedModule" and isinstance(inner, Module) else module
 
 
 def _module_dtype(module: Module) -> Any:

@@ -302,3 +302,16 @@ def test_base_run_does_nothing_and_does_not_launch() -> None:
     fabric = _fabric()
     assert fabric.run() is None
     assert not fabric._launch_called
+
+
+# -- a torch.compile'd model ----------------------------------------------------------------------------------
+
+
+def test_compiled_model_keeps_running_compiled_but_exposes_the_inner_module() -> None:
+    inner = nn.Linear(2, 2)
+    compiled = torch.compile(inner, backend="eager")
+    model = _fabric().setup(compiled)
+    assert sorted(model.state_dict()) == ["bias", "weight"], "no '_orig_mod.' prefix, as in Lightning Fabric"
+    assert model.module is inner
+    assert model._forward_module is compiled
+    torch.testing.assert_close(model(torch.ones(1, 2)), inner(torch.ones(1, 2)))
