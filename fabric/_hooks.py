@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterable
@@ -14,15 +15,36 @@ def accepted_kwargs(method: Callable[..., Any], kwargs: dict[str, Any]) -> dict[
     Callbacks written for different versions of a hook (say with and without a `fabric=` argument) can then share
     one `fabric.call`. A method whose signature cannot be read gets everything.
     """
-    try:
-        parameters = inspect.signature(method).parameters.values()
-    except (TypeError, ValueError):
+    if not kwargs:
         return kwargs
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+    # A bound method is a new object on every lookup; its function is not, so the signature is read once.
+    function = getattr(method, "__func__", None)
+    names = _names_of(function) if function is not None else _read_names(method)
+    if names is None:
         return kwargs
-    by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    names = {p.name for p in parameters if p.kind in by_name}
     return {name: value for name, value in kwargs.items() if name in names}
+
+
+@functools.lru_cache(maxsize=256)
+def _names_of(function: Callable[..., Any]) -> frozenset[str] | None:
+    return _read_names(function, bound=True)
+
+
+def _read_names(method: Callable[..., Any], bound: bool = False) -> frozenset[str] | None:
+    """The parameter names `method` accepts by keyword; None when it takes **kwargs or has no readable signature.
+
+    `bound`: `method` is the function of a bound method, whose first parameter (self) the binding supplies.
+    """
+    try:
+        parameters = list(inspect.signature(method).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if bound and parameters and parameters[0].kind is not inspect.Parameter.VAR_POSITIONAL:
+        parameters = parameters[1:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(p.name for p in parameters if p.kind in by_name)
 
 
 def call_hook(callbacks: Iterable[Any], hook_name: str, args: tuple, kwargs: dict[str, Any]) -> None:

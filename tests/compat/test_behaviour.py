@@ -315,3 +315,27 @@ def test_compiled_model_keeps_running_compiled_but_exposes_the_inner_module() ->
     assert model.module is inner
     assert model._forward_module is compiled
     torch.testing.assert_close(model(torch.ones(1, 2)), inner(torch.ones(1, 2)))
+
+
+def test_call_filters_the_same_way_for_static_class_and_bound_methods_and_plain_functions() -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    class Hooks:
+        @staticmethod
+        def static_hook(epoch: int) -> None:
+            seen.append(("static", {"epoch": epoch}))
+
+        @classmethod
+        def class_hook(cls, epoch: int) -> None:
+            seen.append(("class", {"epoch": epoch}))
+
+        def bound_hook(self, epoch: int) -> None:
+            seen.append(("bound", {"epoch": epoch}))
+
+    holder = Hooks()
+    holder.function_hook = lambda epoch: seen.append(("function", {"epoch": epoch}))  # type: ignore[attr-defined]
+    fabric = _fabric(callbacks=holder)
+    for hook in ("static_hook", "class_hook", "bound_hook", "function_hook"):
+        fabric.call(hook, epoch=1, cls="not passed", extra=2)
+    assert [name for name, _ in seen] == ["static", "class", "bound", "function"]
+    assert all(kwargs == {"epoch": 1} for _, kwargs in seen)
