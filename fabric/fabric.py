@@ -181,7 +181,14 @@ class Fabric:
         self._launched = True
 
     # -- setup ----------------------------------------------------------------------------------
-    def setup(self, module: Module, *optimizers: Optimizer, scheduler: Any = None, move_to_device: bool = True) -> Any:
+    def setup(
+        self,
+        module: Module,
+        *optimizers: Optimizer,
+        scheduler: Any = None,
+        move_to_device: bool = True,
+        _reapply_compile: bool = True,
+    ) -> Any:
         """Set up a model and its optimizers; returns the model, or (model, *optimizers[, scheduler])."""
         self._validate_launched("setup")
         self._check_not_wrapped(module, "setup")
@@ -193,24 +200,26 @@ class Fabric:
         if move_to_device:
             self._strategy.module_to_device(module)
         forward_module, opts = self._strategy.setup_module_and_optimizers(module, optimizers)
-        wrapped = self._wrap_module(forward_module, module, move_to_device)
+        original = _uncompiled(module) if _reapply_compile else module
+        wrapped = self._wrap_module(forward_module, original, move_to_device)
         wrapped_opts = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in opts]
-        _lightning_module.attach(_uncompiled(module), self, self._callbacks, wrapped_opts)
+        _lightning_module.attach(original, self, self._callbacks, wrapped_opts)
         self.call("on_after_setup", fabric=self, module=wrapped)
         if not optimizers:
             return wrapped
         return (wrapped, *wrapped_opts) if scheduler is None else (wrapped, *wrapped_opts, scheduler)
 
-    def setup_module(self, module: Module, move_to_device: bool = True) -> _FabricModule:
+    def setup_module(self, module: Module, move_to_device: bool = True, _reapply_compile: bool = True) -> _FabricModule:
         """Set up a model alone (call before creating optimizers for sharded strategies)."""
         self._validate_launched("setup_module")
         self._check_not_wrapped(module, "setup_module")
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
-        wrapped = self._wrap_module(self._strategy.setup_module(module), module, move_to_device)
+        original = _uncompiled(module) if _reapply_compile else module
+        wrapped = self._wrap_module(self._strategy.setup_module(module), original, move_to_device)
         # Lightning fires on_after_setup from setup() only, and attaches no optimizers here.
-        _lightning_module.attach(_uncompiled(module), self, self._callbacks, None)
+        _lightning_module.attach(original, self, self._callbacks, None)
         return wrapped
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
@@ -265,9 +274,6 @@ class Fabric:
 
     def _wrap_module(self, forward_module: Module, original: Module, moved: bool) -> _FabricModule:
         state = self._backward_state if self._strategy.precision.requires_fabric_backward else None
-        # A torch.compile'd model keeps running compiled; attributes and state_dict come from the module inside it,
-        # so its keys carry no "_orig_mod." prefix (Lightning Fabric unwraps it the same way).
-        original = _uncompiled(original)
         wrapped = _FabricModule(forward_module, original, self._strategy.precision, state)
         # Sharded strategies and move_to_device=False leave no single root device: report where the weights are.
         first = next(original.parameters(), None)
@@ -456,7 +462,11 @@ class Fabric:
 
 
 def _uncompiled(module: Module) -> Module:
-    """The module inside a torch.compile wrapper (recognised by name: torch._dynamo is costly to import)."""
+    """The module inside a torch.compile wrapper (recognised by name: torch._dynamo is costly to import).
+
+    A compiled model keeps running compiled, but attributes and state_dict come from the module inside it, so its
+    keys carry no "_orig_mod." prefix, as in Lightning Fabric (where _reapply_compile=False keeps the wrapper).
+    """
     inner = getattr(module, "_orig_mod", None)
     return inner if type(module).__name__ == "OptimizedModule" and isinstance(inner, Module) else module
 

@@ -339,3 +339,10 @@ def test_call_filters_the_same_way_for_static_class_and_bound_methods_and_plain_
         fabric.call(hook, epoch=1, cls="not passed", extra=2)
     assert [name for name, _ in seen] == ["static", "class", "bound", "function"]
     assert all(kwargs == {"epoch": 1} for _, kwargs in seen)
+
+
+def test_reapply_compile_false_keeps_the_compile_wrapper_as_the_module() -> None:
+    compiled = torch.compile(nn.Linear(2, 2), backend="eager")
+    model = _fabric().setup_module(compiled, _reapply_compile=False)
+    assert model.module is compiled
+    assert sorted(model.state_dict()) == ["_orig_mod.bias", "_orig_mod.weight"]
