@@ -25,7 +25,15 @@ from fabric.utilities.apply_func import move_to_device
 from fabric.utilities.device_dtype_mixin import update_device_dtype
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 from fabric.utilities.seed import seed_everything as _seed_everything
-from fabric.wrappers import _BackwardState, _FabricModule, _FabricOptimizer, is_wrapped, unwrap_objects
+from fabric.wrappers import (
+    _BackwardState,
+    _FabricModule,
+    _FabricOptimizer,
+    _module_dtype,
+    _uncompiled,
+    is_wrapped,
+    unwrap_objects,
+)
 
 if TYPE_CHECKING:
     # torch.utils.data is only needed once loaders are set up; importing it eagerly costs ~70 ms.
@@ -459,27 +467,6 @@ class Fabric:
     def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
         """Seed python, numpy and torch; with `workers` (default True) dataloader workers are seeded too."""
         return _seed_everything(seed, workers=True if workers is None else workers, verbose=verbose)
-
-
-def _uncompiled(module: Module) -> Module:
-    """The module inside a torch.compile wrapper (recognised by name: torch._dynamo is costly to import).
-
-    A compiled model keeps running compiled, but attributes and state_dict come from the module inside it, so its
-    keys carry no "_orig_mod." prefix, as in Lightning Fabric (where _reapply_compile=False keeps the wrapper).
-    """
-    inner = getattr(module, "_orig_mod", None)
-    return inner if type(module).__name__ == "OptimizedModule" and isinstance(inner, Module) else module
-
-
-def _module_dtype(module: Module) -> Any:
-    """What `.dtype` reports for a set-up module: its own (LightningModule) or that of its floating-point weights."""
-    own = getattr(type(module), "dtype", None)
-    if isinstance(own, property):
-        return module.dtype
-    for tensor in (*module.parameters(), *module.buffers()):
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return torch.get_default_dtype()
 
 
 def _scalar(name: str, value: Any) -> Any:

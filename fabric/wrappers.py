@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
@@ -196,6 +197,27 @@ class _FabricOptimizer:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load into the user's optimizer."""
         self._fabric_optimizer.load_state_dict(state_dict)
+
+
+def _uncompiled(module: Module) -> Module:
+    """The module inside a torch.compile wrapper (recognised by name: torch._dynamo is costly to import).
+
+    A compiled model keeps running compiled, but attributes and state_dict come from the module inside it, so its
+    keys carry no "_orig_mod." prefix, as in Lightning Fabric (where _reapply_compile=False keeps the wrapper).
+    """
+    inner = getattr(module, "_orig_mod", None)
+    return inner if type(module).__name__ == "OptimizedModule" and isinstance(inner, Module) else module
+
+
+def _module_dtype(module: Module) -> Any:
+    """What `.dtype` reports for a set-up module: its own (LightningModule) or that of its floating-point weights."""
+    own = getattr(type(module), "dtype", None)
+    if isinstance(own, property):
+        return module.dtype
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return torch.get_default_dtype()
 
 
 def is_wrapped(obj: object) -> bool:
