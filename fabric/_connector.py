@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from fabric._cli_flags import cli_flags, merge_cli_flags
+from fabric._cli_flags import cli_flags, merge_cli_flags, under_cli
 from fabric.accelerators import ACCELERATOR_REGISTRY, Accelerator
 from fabric.accelerators.cuda import check_bf16_supported
-from fabric.environments import ClusterEnvironment, detect_environment
+from fabric.environments import ClusterEnvironment, ProcessGroupEnvironment, detect_environment
 from fabric.io import CheckpointIO, TorchCheckpointIO
 from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from fabric.precision._names import LEGACY_PRECISION, PRECISIONS
@@ -21,6 +21,10 @@ from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 def _describe(strategy: Any) -> str:
     return f"{type(strategy).__name__}()" if isinstance(strategy, Strategy) else repr(strategy)
+
+
+def _lower(flag: Any) -> Any:
+    return flag.lower() if isinstance(flag, str) else flag
 
 
 def _names(names: Iterable[str]) -> str:
@@ -36,6 +40,8 @@ def connect(
     plugins: Any,
 ) -> tuple[Strategy, bool]:
     """Resolve every flag against the others and the environment; the strategy, and whether `fabric run` started us."""
+    # Names are case-insensitive: strategy="DDP" (as in Lightning Fabric), and accelerator and precision alike.
+    accelerator, strategy, precision = _lower(accelerator), _lower(strategy), _lower(precision)
     cli = cli_flags()
     if cli:
         accelerator, strategy, devices, num_nodes, precision = merge_cli_flags(
@@ -51,7 +57,7 @@ def connect(
     _check_num_nodes(num_nodes)
     environment = _resolve_environment(environment, user_strategy)
     accel = _resolve_accelerator(accelerator, user_strategy)
-    indices = _resolve_devices(accel, devices, num_nodes, environment)
+    indices = _resolve_devices(accel, devices, num_nodes, environment, strategy)
     if user_strategy is None:
         user_strategy = _build_strategy(strategy, indices, num_nodes, accelerator, devices)
     precision_plugin = _resolve_precision(precision, precision_plugin, user_strategy, accel)
@@ -68,7 +74,7 @@ def connect(
         parallel_devices=accel.get_parallel_devices(indices),
         num_nodes=num_nodes,
     )
-    return user_strategy, bool(cli)
+    return user_strategy, under_cli()
 
 
 def _split_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment | None, CheckpointIO | None]:
@@ -162,16 +168,30 @@ def _named_accelerator(name: str) -> Accelerator:
     return factory(**kwargs)
 
 
-def _resolve_devices(accel: Accelerator, devices: Any, num_nodes: int, env: ClusterEnvironment) -> list[int]:
+def _resolve_devices(
+    accel: Accelerator, devices: Any, num_nodes: int, env: ClusterEnvironment, strategy: Any
+) -> list[int]:
     """Device indices for this machine; under an external launcher they must match what it started."""
     if not env.creates_processes_externally:
         return accel.parse_devices(devices)
+    if devices != "auto" and num_nodes == 1 and _standalone_in_group(env, strategy):
+        indices = accel.parse_devices(devices)
+        if len(indices) == 1:
+            return indices
     per_node = env.processes_per_node()
     if per_node is not None and devices == "auto":
         devices = per_node  # a count: N processes on the CPU, the first N devices elsewhere
     indices = accel.parse_devices(devices)
     env.validate_settings(len(indices), num_nodes)
     return indices
+
+
+def _standalone_in_group(env: ClusterEnvironment, strategy: Any) -> bool:
+    """Whether one device asked for explicitly inside a process group that is already running (libraries do this to
+    merge weights after a distributed run) gives, as in Lightning Fabric, a single-device Fabric that neither joins
+    nor touches the group. devices='auto' still joins it."""
+    single = strategy in ("auto", "single_device") or isinstance(strategy, SingleDeviceStrategy)
+    return single and isinstance(env, ProcessGroupEnvironment)
 
 
 def _build_strategy(flag: Any, indices: list[int], num_nodes: int, accelerator: Any, devices: Any) -> Strategy:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fabric._cli_flags import CLI_ENV_PREFIX
+from fabric._cli_flags import CLI_ENV_PREFIX, LIGHTNING_CLI_USED, LIGHTNING_ENV_PREFIX
 from fabric.precision._names import PRECISIONS
 from fabric.strategies import STRATEGY_REGISTRY
 
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--accelerator",
+        type=str.lower,
         choices=ACCELERATORS,
         default="auto",
         help="The hardware to run on; 'auto' picks CUDA, then MPS, then the CPU. Default: %(default)s.",
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     strategies = ["auto", *STRATEGY_REGISTRY.names()]
     run.add_argument(
         "--strategy",
+        type=str.lower,
         choices=strategies,
         default="auto",
         metavar="NAME",
@@ -117,12 +119,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--precision",
+        type=str.lower,
         choices=[*PRECISIONS, *LEGACY_PRECISIONS],
         default=None,
         help="The numeric policy; unset leaves it to the script (which defaults to 32-true). Default: unset.",
     )
+    _add_lightning_spellings(run)
     _add_consolidate(commands)
     return parser
+
+
+def _add_lightning_spellings(run: argparse.ArgumentParser) -> None:
+    """Lightning's `fabric run` also accepts --num_nodes, --node_rank, ...; hidden here to keep --help short."""
+    for action in list(run._actions):
+        dashed = next((o for o in action.option_strings if o.startswith("--") and "-" in o[2:]), None)
+        if dashed is None:
+            continue
+        options: dict[str, Any] = {"type": action.type} if action.type is not None else {}
+        run.add_argument(
+            "--" + dashed[2:].replace("-", "_"),
+            dest=action.dest,
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+            **options,
+        )
 
 
 def _add_consolidate(commands: Any) -> None:
@@ -189,6 +209,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.node_rank == 0:
         check_port_free(args.main_address, args.main_port)
     os.environ.update(cli_environment(args, nproc))
+    os.environ.update(_thread_default(nproc))
     if visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible
     return _torchrun(torchrun_args(args, nproc))
@@ -249,16 +270,35 @@ def check_port_free(address: str, port: int) -> None:
 
 
 def cli_environment(args: argparse.Namespace, nproc: int) -> dict[str, str]:
-    """The FABRIC_CLI_* variables that carry the flags to Fabric(...) in every process."""
-    env = {
-        "ACCELERATOR": args.accelerator,
-        "STRATEGY": args.strategy,
-        "DEVICES": str(nproc),
-        "NUM_NODES": str(args.num_nodes),
-    }
+    """The variables that carry the flags to Fabric(...) in every process: Lightning's LT_* and our FABRIC_CLI_*.
+
+    Both sets are exported, so a script run by this command reads its flags whether it uses our Fabric or
+    Lightning's. DEVICES is the process count: a GPU list is applied through CUDA_VISIBLE_DEVICES (see
+    process_layout), so each process sees its GPUs renumbered from 0.
+    """
+    flags = {"ACCELERATOR": args.accelerator, "STRATEGY": args.strategy, "DEVICES": str(nproc),
+             "NUM_NODES": str(args.num_nodes)}  # fmt: skip
     if args.precision is not None:
-        env["PRECISION"] = args.precision
-    return {CLI_ENV_PREFIX + name: value for name, value in env.items()}
+        flags["PRECISION"] = args.precision
+    env = {CLI_ENV_PREFIX + name: value for name, value in flags.items()}
+    # Lightning's CLI exports accelerator and strategy only when given; "auto" means the same as leaving them out,
+    # and leaving them out keeps Lightning's Fabric from reading a code value such as "cpu" as a contradiction.
+    lightning = {name: value for name, value in flags.items() if value != "auto"}
+    env |= {LIGHTNING_ENV_PREFIX + name: value for name, value in lightning.items()}
+    env[LIGHTNING_CLI_USED] = "1"
+    return env
+
+
+def _thread_default(nproc: int) -> dict[str, str]:
+    """OMP_NUM_THREADS for the processes when the user has not set it: the CPUs shared among them.
+
+    Lightning's CLI sets it so torchrun does not force 1 thread per process; it gives each process every CPU,
+    which oversubscribes the machine with several processes, so here they share them.
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"OMP_NUM_THREADS": str(max(1, cpus // max(1, nproc)))}
 
 
 def torchrun_args(args: argparse.Namespace, nproc: int) -> list[str]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Generator, Iterable, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,17 +15,27 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric import _collectives
+from fabric import _collectives, _lightning_module
 from fabric._connector import connect
+from fabric._hooks import call_hook
 from fabric.accelerators.accelerator import Accelerator
 from fabric.accelerators.cuda import check_bf16_supported
 from fabric.loggers.logger import Logger
 from fabric.strategies import _checkpoint
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_to_device
+from fabric.utilities.device_dtype_mixin import update_device_dtype
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 from fabric.utilities.seed import seed_everything as _seed_everything
-from fabric.wrappers import _BackwardState, _FabricModule, _FabricOptimizer, is_wrapped, unwrap_objects
+from fabric.wrappers import (
+    _BackwardState,
+    _FabricModule,
+    _FabricOptimizer,
+    _module_dtype,
+    _uncompiled,
+    is_wrapped,
+    unwrap_objects,
+)
 
 if TYPE_CHECKING:
     # torch.utils.data is only needed once loaders are set up; importing it eagerly costs ~70 ms.
@@ -34,6 +46,10 @@ if TYPE_CHECKING:
 
 class Fabric:
     """Adds multi-process, multi-device and mixed-precision training to a raw PyTorch loop."""
+
+    # A LightningModule set up with this Fabric sees it as its trainer; LightningModule.print asks the trainer for a
+    # progress bar to print through. Fabric draws none, so it prints directly (on global rank 0).
+    progress_bar_callback: None = None
 
     def __init__(
         self,
@@ -55,6 +71,9 @@ class Fabric:
         self._launched = False
         self._launch_called = False
         self._backward_state = _BackwardState()
+        if type(self).run is not Fabric.run:
+            # Lightning's subclass style: MyFabric(...).run(args) launches the processes and runs it in each.
+            self.run = partial(self._launch_run, self.run)  # type: ignore[method-assign]
 
     # -- properties -----------------------------------------------------------------------------
     @property
@@ -134,6 +153,12 @@ class Fabric:
             return self._run_worker(function, args, kwargs)
         return launcher.launch(self._run_worker, function, args, kwargs)
 
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Override in a subclass to hold the training code; calling it launches the processes and runs it in each."""
+
+    def _launch_run(self, run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self.launch(_call_run, run, *args, **kwargs)
+
     def _run_worker(self, function: Callable[..., Any] | None, args: tuple, kwargs: dict) -> Any:
         self._setup_process()
         if function is None:
@@ -172,28 +197,46 @@ class Fabric:
         self._launched = True
 
     # -- setup ----------------------------------------------------------------------------------
-    def setup(self, module: Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
-        """Set up a model and its optimizers; returns the model, or (model, *optimizers)."""
+    def setup(
+        self,
+        module: Module,
+        *optimizers: Optimizer,
+        scheduler: Any = None,
+        move_to_device: bool = True,
+        _reapply_compile: bool = True,
+    ) -> Any:
+        """Set up a model and its optimizers; returns the model, or (model, *optimizers[, scheduler])."""
         self._validate_launched("setup")
         self._check_not_wrapped(module, "setup")
         for opt in optimizers:
             self._check_not_wrapped(opt, "setup")
+        if scheduler is not None:
+            self._check_scheduler(scheduler, optimizers)
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
         forward_module, opts = self._strategy.setup_module_and_optimizers(module, optimizers)
-        wrapped = self._wrap_module(forward_module, module)
-        wrapped_opts = [_FabricOptimizer(opt, self._strategy) for opt in opts]
-        return (wrapped, *wrapped_opts) if optimizers else wrapped
+        original = _uncompiled(module) if _reapply_compile else module
+        wrapped = self._wrap_module(forward_module, original, move_to_device)
+        wrapped_opts = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in opts]
+        _lightning_module.attach(original, self, self._callbacks, wrapped_opts)
+        self.call("on_after_setup", fabric=self, module=wrapped)
+        if not optimizers:
+            return wrapped
+        return (wrapped, *wrapped_opts) if scheduler is None else (wrapped, *wrapped_opts, scheduler)
 
-    def setup_module(self, module: Module, move_to_device: bool = True) -> _FabricModule:
+    def setup_module(self, module: Module, move_to_device: bool = True, _reapply_compile: bool = True) -> _FabricModule:
         """Set up a model alone (call before creating optimizers for sharded strategies)."""
         self._validate_launched("setup_module")
         self._check_not_wrapped(module, "setup_module")
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
-        return self._wrap_module(self._strategy.setup_module(module), module)
+        original = _uncompiled(module) if _reapply_compile else module
+        wrapped = self._wrap_module(self._strategy.setup_module(module), original, move_to_device)
+        # Lightning fires on_after_setup from setup() only, and attaches no optimizers here.
+        _lightning_module.attach(original, self, self._callbacks, None)
+        return wrapped
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Set up optimizers whose model is already set up; returns one or a tuple."""
@@ -208,7 +251,7 @@ class Fabric:
         wrapped = []
         for opt in optimizers:
             self._check_not_wrapped(opt, "setup_optimizers")
-            wrapped.append(_FabricOptimizer(self._strategy.setup_optimizer(opt), self._strategy))
+            wrapped.append(_FabricOptimizer(self._strategy.setup_optimizer(opt), self._strategy, self._callbacks))
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def setup_dataloaders(
@@ -245,9 +288,28 @@ class Fabric:
         device = self.device if move and self.device.type != "cpu" else None
         return _FabricDataLoader(loader, device=device, move_fn=move_to_device if device is not None else None)
 
-    def _wrap_module(self, forward_module: Module, original: Module) -> _FabricModule:
+    def _wrap_module(self, forward_module: Module, original: Module, moved: bool) -> _FabricModule:
         state = self._backward_state if self._strategy.precision.requires_fabric_backward else None
-        return _FabricModule(forward_module, original, self._strategy.precision, state)
+        wrapped = _FabricModule(forward_module, original, self._strategy.precision, state)
+        # Sharded strategies and move_to_device=False leave no single root device: report where the weights are.
+        first = next(original.parameters(), None)
+        device = self.device if moved or first is None else first.device
+        update_device_dtype(wrapped, device=device)
+        wrapped._dtype = _module_dtype(original)
+        return wrapped
+
+    def _check_scheduler(self, scheduler: Any, optimizers: tuple[Optimizer, ...]) -> None:
+        if not optimizers:
+            raise FabricValueError(
+                f"fabric.setup(model, scheduler={type(scheduler).__name__}): a scheduler needs its optimizer. "
+                "Pass them together: fabric.setup(model, optimizer, scheduler=scheduler)."
+            )
+        if self._strategy.requires_joint_setup:
+            raise FabricValueError(
+                f"fabric.setup(..., scheduler={type(scheduler).__name__}): strategy {type(self._strategy).__name__} "
+                "cannot drive an LR scheduler inside its engine in fabric. Leave scheduler= out and call "
+                "scheduler.step() yourself after optimizer.step()."
+            )
 
     @staticmethod
     def _check_not_wrapped(obj: Any, method: str) -> None:
@@ -316,6 +378,17 @@ class Fabric:
         """Create the model directly on the device in the target dtype; `empty_init` skips weight init."""
         self._validate_launched("init_module")
         return self._strategy.module_init_context(empty_init=empty_init)
+
+    def sharded_model(self) -> AbstractContextManager:
+        """Deprecated: use `init_module()`, which this now is."""
+        if self.global_rank == 0:
+            warnings.warn(
+                "fabric.sharded_model() is deprecated, as in Lightning Fabric. Use fabric.init_module() instead: it "
+                "creates the model on the device, in the precision's dtype, sharded where the strategy shards.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        return self.init_module()
 
     def init_tensor(self) -> AbstractContextManager:
         """Create tensors directly on the device in the target dtype."""
@@ -398,11 +471,8 @@ class Fabric:
 
     # -- callbacks, logging, seeding --------------------------------------------------------------
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
-        """Call `hook_name(*args, **kwargs)` on every callback that defines it."""
-        for callback in self._callbacks:
-            method = getattr(callback, hook_name, None)
-            if callable(method):
-                method(*args, **kwargs)
+        """Call `hook_name` on every callback that defines it, passing only the keyword arguments it accepts."""
+        call_hook(self._callbacks, hook_name, args, kwargs)
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:
         """Log one metric to every logger (from global rank 0 only)."""
@@ -438,6 +508,10 @@ def _as_list(value: Any) -> list[Any]:
     if value is None:
         return []
     return list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else [value]
+
+
+def _call_run(fabric: Fabric, run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return run(*args, **kwargs)
 
 
 def _check_launch_function(function: Callable[..., Any], args: tuple, kwargs: dict) -> None:

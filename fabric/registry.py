@@ -1,4 +1,8 @@
-"""Name -> factory registries for accelerators and strategies; user classes register like built-ins."""
+"""Name -> factory registries for accelerators and strategies; user classes register like built-ins.
+
+Names are case-insensitive ("DDP" finds "ddp"), as Lightning Fabric's strategy names are: they are stored and
+listed in lower case.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ class Registry(Generic[T]):
         override: bool = False,
         **init_kwargs: Any,
     ) -> None:
-        """Register `factory(**init_kwargs, **components)` under `name`."""
+        """Register `factory(**init_kwargs, **components)` under `name` (case-insensitive)."""
+        name = _key(name)
         if name in self._entries and not override:
             raise FabricValueError(
                 f"register({name!r}): this {self._kind} name is already registered. "
@@ -35,23 +40,27 @@ class Registry(Generic[T]):
 
     def remove(self, name: str) -> None:
         """Forget `name`."""
-        self._entries.pop(name, None)
+        self._entries.pop(_key(name), None)
 
     def get(self, name: str) -> tuple[Callable[..., T], dict[str, Any]]:
         """Return the factory and its default keyword arguments."""
-        factory, kwargs, _ = self._entries[name]
+        factory, kwargs, _ = self._entries[_key(name)]
         return factory, dict(kwargs)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return isinstance(name, str) and _key(name) in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
 
     def names(self) -> list[str]:
-        """All registered names, in registration order."""
+        """All registered names (lower case), in registration order."""
         return list(self._entries)
 
     def factory_of(self, name: str) -> Callable[..., T]:
         """The class or callable registered under `name`."""
-        return self._entries[name][0]
+        return self._entries[_key(name)][0]
+
+
+def _key(name: str) -> str:
+    return name.lower()

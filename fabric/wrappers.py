@@ -6,6 +6,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
@@ -14,6 +15,7 @@ from fabric import _forward_methods
 from fabric._dataloader import _FabricDataLoader
 from fabric.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
+from fabric.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
 
 
 class _BackwardState:
@@ -25,7 +27,7 @@ class _BackwardState:
         self.active = False
 
 
-class _FabricModule(Module):
+class _FabricModule(_DeviceDtypeModuleMixin):
     """Runs forward under the precision policy; attributes and state dict come from the user's module."""
 
     def __init__(
@@ -98,7 +100,9 @@ class _FabricModule(Module):
         return attribute
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if "_fabric_module_initialized" not in self.__dict__ or name in self.__dict__:
+        # The wrapper's own attributes and properties (device, dtype) stay its own; everything else is the user's.
+        own = name in self.__dict__ or isinstance(getattr(type(self), name, None), property)
+        if own or "_fabric_module_initialized" not in self.__dict__:
             super().__setattr__(name, value)
             return
         setattr(self._original_module, name, value)
@@ -130,7 +134,7 @@ _NOT_COPIED = frozenset({"step", "zero_grad", "state_dict", "param_groups", "sta
 class _FabricOptimizer:
     """Shares the user's optimizer's state; `step` goes through the strategy and precision."""
 
-    def __init__(self, optimizer: Optimizer, strategy: Strategy) -> None:
+    def __init__(self, optimizer: Optimizer, strategy: Strategy, callbacks: list[Any] | None = None) -> None:
         # A dynamic subclass of the user's optimizer class over a shallow copy of its __dict__: isinstance
         # checks, LR schedulers and attribute access (the same param_groups and state objects) behave as on
         # the original, at no cost. A copy, not the same dict: an LR scheduler patches `step` on the instance,
@@ -141,6 +145,8 @@ class _FabricOptimizer:
         self.__class__ = type("Fabric" + type(optimizer).__name__, (self.__class__, type(optimizer)), {})
         self._fabric_optimizer = optimizer
         self._fabric_strategy = strategy
+        # The Fabric's own list (not a copy): a LightningModule set up later is called too, as in Lightning.
+        self._fabric_callbacks = callbacks if callbacks is not None else []
 
     @property
     def optimizer(self) -> Optimizer:
@@ -177,7 +183,13 @@ class _FabricOptimizer:
     def step(self, closure: Any = None) -> Any:
         """Step through the strategy (and so the precision plugin's scaler, if any)."""
         kwargs = {} if closure is None else {"closure": closure}
-        return self._fabric_strategy.optimizer_step(self._fabric_optimizer, **kwargs)
+        output = self._fabric_strategy.optimizer_step(self._fabric_optimizer, **kwargs)
+        if self._fabric_callbacks:
+            from fabric._hooks import call_hook
+
+            hook_kwargs = {"strategy": self._fabric_strategy, "optimizer": self._fabric_optimizer}
+            call_hook(self._fabric_callbacks, "on_after_optimizer_step", (), hook_kwargs)
+        return output
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state as the strategy assembles it."""
@@ -186,6 +198,27 @@ class _FabricOptimizer:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load into the user's optimizer."""
         self._fabric_optimizer.load_state_dict(state_dict)
+
+
+def _uncompiled(module: Module) -> Module:
+    """The module inside a torch.compile wrapper (recognised by name: torch._dynamo is costly to import).
+
+    A compiled model keeps running compiled, but attributes and state_dict come from the module inside it, so its
+    keys carry no "_orig_mod." prefix, as in Lightning Fabric (where _reapply_compile=False keeps the wrapper).
+    """
+    inner = getattr(module, "_orig_mod", None)
+    return inner if type(module).__name__ == "OptimizedModule" and isinstance(inner, Module) else module
+
+
+def _module_dtype(module: Module) -> Any:
+    """What `.dtype` reports for a set-up module: its own (LightningModule) or that of its floating-point weights."""
+    own = getattr(type(module), "dtype", None)
+    if isinstance(own, property):
+        return module.dtype
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return torch.get_default_dtype()
 
 
 def is_wrapped(obj: object) -> bool:

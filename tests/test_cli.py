@@ -6,6 +6,8 @@ import argparse
 import os
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +39,9 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         return 0
 
     monkeypatch.setattr(cli, "_torchrun", fake_torchrun)
-    for name in ("ACCELERATOR", "STRATEGY", "DEVICES", "NUM_NODES", "PRECISION"):
+    for name in ("ACCELERATOR", "STRATEGY", "DEVICES", "NUM_NODES", "PRECISION", "CLI_USED"):
         monkeypatch.delenv(f"FABRIC_CLI_{name}", raising=False)
+        monkeypatch.delenv(f"LT_{name}", raising=False)
     return calls
 
 
@@ -151,12 +154,58 @@ def test_main_builds_torchrun_args_and_cli_environment(script: Path, launched: l
         "FABRIC_CLI_NUM_NODES": "2",
         "FABRIC_CLI_PRECISION": "bf16-mixed",
     }
+    assert {k: v for k, v in os.environ.items() if k.startswith("LT_")} == {
+        "LT_CLI_USED": "1",
+        "LT_ACCELERATOR": "cpu",
+        "LT_STRATEGY": "ddp",
+        "LT_DEVICES": "3",
+        "LT_NUM_NODES": "2",
+        "LT_PRECISION": "bf16-mixed",
+    }
 
 
 def test_precision_left_unset_is_not_passed(script: Path, launched: list) -> None:
     assert cli.main(["run", "--accelerator", "cpu", "--main-port", str(_free_port()), str(script)]) == 0
     assert "FABRIC_CLI_PRECISION" not in os.environ
     assert os.environ["FABRIC_CLI_DEVICES"] == "1", "the default is one process"
+    # Like Lightning's CLI: no LT_PRECISION, and no LT_STRATEGY for a strategy left at auto.
+    assert "LT_PRECISION" not in os.environ and "LT_STRATEGY" not in os.environ
+    assert (os.environ["LT_CLI_USED"], os.environ["LT_DEVICES"], os.environ["LT_NUM_NODES"]) == ("1", "1", "1")
+
+
+def test_lightning_underscore_spellings_and_upper_case_names_are_accepted() -> None:
+    args = _parse("--num_nodes", "2", "--node_rank", "1", "--main_address", "10.0.0.1", "--main_port", "1234",
+                  "--accelerator", "CPU", "--strategy", "DDP", "--precision", "BF16-Mixed", "train.py")  # fmt: skip
+    assert (args.num_nodes, args.node_rank, args.main_address, args.main_port) == (2, 1, "10.0.0.1", 1234)
+    assert (args.accelerator, args.strategy, args.precision) == ("cpu", "ddp", "bf16-mixed")
+
+
+def test_omp_num_threads_defaults_to_the_cpus_shared_among_the_processes(
+    script: Path, launched: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert (
+        cli.main(["run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(_free_port()), str(script)]) == 0
+    )
+    assert os.environ["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert (
+        cli.main(["run", "--accelerator", "cpu", "--devices", "2", "--main-port", str(_free_port()), str(script)]) == 0
+    )
+    assert os.environ["OMP_NUM_THREADS"] == "3", "a value the user set is kept"
+
+
+def test_installed_fabric_script_runs_our_cli() -> None:
+    """lightning installs a `fabric` script too; pip writing it after ours would silently replace our CLI."""
+    script = Path(sys.executable).with_name("fabric")
+    if not script.is_file():
+        pytest.skip(f"no `fabric` script next to {sys.executable} (the package is not installed in this environment)")
+    text = script.read_text(errors="replace")
+    assert "fabric.cli" in text and "lightning" not in text, f"{script} runs another package's CLI:\n{text}"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "consolidate" in result.stdout and "Command-line tools for fabric." in result.stdout
 
 
 @pytest.mark.parametrize(("devices", "count"), [("1", 1), ("4", 4), ("auto", 1), ("-1", os.cpu_count() or 1)])
@@ -216,8 +265,9 @@ def test_unavailable_accelerator(script: Path, launched: list, capsys: pytest.Ca
 @pytest.fixture
 def under_cli(monkeypatch: pytest.MonkeyPatch) -> Any:
     def set_flags(**flags: str) -> None:
-        for name in ("ACCELERATOR", "STRATEGY", "DEVICES", "NUM_NODES", "PRECISION"):
+        for name in ("ACCELERATOR", "STRATEGY", "DEVICES", "NUM_NODES", "PRECISION", "CLI_USED"):
             monkeypatch.delenv(f"FABRIC_CLI_{name}", raising=False)
+            monkeypatch.delenv(f"LT_{name}", raising=False)
         for name, value in flags.items():
             monkeypatch.setenv(f"FABRIC_CLI_{name.upper()}", value)
 
@@ -310,6 +360,76 @@ def test_cli_precision_applies(under_cli: Any) -> None:
 def test_garbled_cli_count(under_cli: Any) -> None:
     under_cli(num_nodes="two")
     with pytest.raises(ValueError, match=re.escape("FABRIC_CLI_NUM_NODES='two': `fabric run` sets this to a count")):
+        Fabric(accelerator="cpu")
+
+
+# -- Lightning's LT_* variables (set by our `fabric run` and by Lightning's) --------------------------------
+@pytest.fixture
+def lightning_cli(monkeypatch: pytest.MonkeyPatch, under_cli: Any) -> Any:
+    under_cli()  # clears both sets
+
+    def set_lt(**flags: str) -> None:
+        for name, value in flags.items():
+            monkeypatch.setenv(f"LT_{name.upper()}", value)
+
+    return set_lt
+
+
+def test_lightning_cli_variables_alone_configure_fabric(lightning_cli: Any) -> None:
+    lightning_cli(cli_used="1", accelerator="cpu", devices="1", num_nodes="1", precision="bf16-true")
+    fabric = Fabric()
+    assert fabric._under_cli is True
+    assert isinstance(fabric.accelerator, CPUAccelerator)
+    assert isinstance(fabric.strategy, SingleDeviceStrategy)
+    assert isinstance(fabric.strategy.precision, HalfPrecision)
+
+
+def test_lightning_cli_contradiction_raises(lightning_cli: Any) -> None:
+    lightning_cli(cli_used="1", precision="32-true", devices="1", num_nodes="1")
+    with pytest.raises(ValueError, match=re.escape("Fabric(precision='bf16-true') contradicts 'fabric run --precisi")):
+        Fabric(accelerator="cpu", precision="bf16-true")
+
+
+def test_lt_variable_without_lt_cli_used_replaces_the_code_value_as_in_lightning(lightning_cli: Any) -> None:
+    lightning_cli(precision="bf16-true")
+    fabric = Fabric(accelerator="cpu", precision="32-true")
+    assert fabric._under_cli is False
+    assert isinstance(fabric.strategy.precision, HalfPrecision)
+
+
+@pytest.mark.parametrize("used", ["0", "", "no"])
+def test_lt_cli_used_must_be_a_non_zero_number(lightning_cli: Any, used: str) -> None:
+    lightning_cli(cli_used=used)
+    assert Fabric(accelerator="cpu")._under_cli is False
+
+
+def test_lt_variable_wins_over_fabric_cli_alias_with_a_warning(lightning_cli: Any, under_cli: Any) -> None:
+    under_cli(precision="bf16-mixed")
+    lightning_cli(cli_used="1", precision="bf16-true")
+    with pytest.warns(UserWarning, match=re.escape("LT_PRECISION='bf16-true' and FABRIC_CLI_PRECISION='bf16-mixed' "
+                                                   "disagree; using 'bf16-true'")):  # fmt: skip
+        fabric = Fabric(accelerator="cpu")
+    assert isinstance(fabric.strategy.precision, HalfPrecision)
+
+
+def test_equal_lt_and_fabric_cli_variables_do_not_warn(lightning_cli: Any, under_cli: Any, recwarn: Any) -> None:
+    under_cli(precision="bf16-true", devices="1")
+    lightning_cli(cli_used="1", precision="bf16-true", devices="1")
+    assert isinstance(Fabric(accelerator="cpu").strategy.precision, HalfPrecision)
+    assert not [w for w in recwarn if "disagree" in str(w.message)]
+
+
+def test_lt_devices_as_lightning_passes_it_through(lightning_cli: Any) -> None:
+    lightning_cli(cli_used="1", devices="auto", num_nodes="1")
+    assert Fabric(accelerator="cpu", devices=1).world_size == 1  # 'auto' from the command agrees with anything
+    lightning_cli(devices="2")
+    with pytest.raises(ValueError, match=re.escape("Fabric(devices=3) contradicts 'fabric run --devices 2'")):
+        Fabric(accelerator="cpu", devices=3)
+
+
+def test_garbled_lt_count_names_the_lt_variable(lightning_cli: Any) -> None:
+    lightning_cli(cli_used="1", num_nodes="two")
+    with pytest.raises(ValueError, match=re.escape("LT_NUM_NODES='two': `fabric run` sets this to a count")):
         Fabric(accelerator="cpu")
 
 

@@ -15,7 +15,8 @@ class ProcessGroupEnvironment(ClusterEnvironment):
 
     World size and global rank come from torch.distributed, not from variables: the program may have called
     init_process_group with explicit arguments and no torchrun variables at all. Fabric neither initialises
-    another group nor destroys this one.
+    another group nor destroys this one. An explicit devices=1 Fabric does not join the group at all: the connector
+    gives it a single-device strategy, as Lightning Fabric does.
     """
 
     @property
@@ -78,5 +79,7 @@ class ProcessGroupEnvironment(ClusterEnvironment):
             raise FabricValueError(
                 f"Fabric(devices={num_devices}, num_nodes={num_nodes}): torch.distributed is already initialised "
                 f"with world size {world}, not {num_devices} x {num_nodes}. Pass devices='auto' (or devices and "
-                "num_nodes whose product is the group's world size); Fabric uses the existing process group."
+                "num_nodes whose product is the group's world size); Fabric uses the existing process group. For a "
+                "single-process Fabric that leaves the group alone, pass devices=1 with strategy 'auto' or "
+                "'single_device'."
             )
