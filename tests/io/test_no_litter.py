@@ -3,7 +3,6 @@ save still running; the previous checkpoint always loads; errors name the user's
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -17,12 +16,13 @@ import torch
 from fabric import TorchCheckpointIO
 from fabric.io import _atomic
 
-
-def _save_forever(path: str) -> None:
-    """A child that saves a large checkpoint over and over; the test kills it while a temporary file exists."""
-    io, big = TorchCheckpointIO(), {"weights": torch.ones(16 * 1024 * 1024 // 4), "step": 0}
-    while True:
-        io.save_checkpoint(big, path)
+_SAVE_FOREVER = (
+    "import sys, torch\n"
+    "from fabric import TorchCheckpointIO\n"
+    "io, big = TorchCheckpointIO(), {'weights': torch.ones(16 * 1024 * 1024 // 4), 'step': 0}\n"
+    "while True:\n"
+    "    io.save_checkpoint(big, sys.argv[1])\n"
+)
 
 
 def _temporaries(directory: Path) -> list[str]:
@@ -30,24 +30,26 @@ def _temporaries(directory: Path) -> list[str]:
 
 
 def _kill_during_a_save(path: Path) -> None:
-    # fork: the child starts with torch already imported, so each round takes milliseconds, not seconds.
-    child = multiprocessing.get_context("fork").Process(target=_save_forever, args=(str(path),), daemon=True)
-    child.start()
+    # A fresh interpreter, not a fork of pytest: forking a process with live threads (moto's server, torch's pools)
+    # can leave the child deadlocked on a lock some thread held at the fork.
+    child = subprocess.Popen([sys.executable, "-c", _SAVE_FOREVER, str(path)])
+    deadline = time.monotonic() + 120
     try:
         # Kill only once this child's own save is under way: its temporary file (named with its pid) exists.
         while not any(f"-{child.pid}-" in name for name in _temporaries(path.parent)):
+            assert child.poll() is None, f"the saving child exited with {child.returncode} before saving"
+            assert time.monotonic() < deadline, "the saving child never started a save"
             time.sleep(0.002)
     finally:
-        assert child.pid is not None
-        os.kill(child.pid, signal.SIGKILL)
-        child.join()
+        child.send_signal(signal.SIGKILL)
+        child.wait()
 
 
 def test_saves_killed_midway_leave_nothing_after_the_next_save(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
     io = TorchCheckpointIO()
     io.save_checkpoint({"step": -1}, path)
-    for _ in range(6):
+    for _ in range(4):
         _kill_during_a_save(path)
         assert _temporaries(tmp_path), "the kill interrupted a save, which left its temporary file"
         loaded = io.load_checkpoint(path)  # the previous checkpoint is always whole
