@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 # The integration tests' process runner (hard timeouts, a clean environment, one thread per rank).
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration" / "scripts"))
@@ -87,3 +88,21 @@ def test_the_example_as_written_through_both_run_commands(tmp_path: Path) -> Non
     ours = _results(ours_dir, [*ours_cli, str(SCRIPT), "fabric", str(ours_dir), "--cli"])
     _assert_same_numbers(theirs, ours, "0")
     assert theirs[0]["threads"] == ours[0]["threads"] == 1
+
+
+@pytest.mark.parametrize("cores", [1, 3, 8])
+def test_ranks_get_lightnings_cpu_thread_count(monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
+    # Both count the cores of this process's CPU set, not the machine's, and divide them among the ranks.
+    from lightning.fabric.utilities.distributed import _suggested_max_num_threads
+
+    from fabric.strategies.parallel import _share_cpu_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    before = torch.get_num_threads()
+    try:
+        _share_cpu_threads(2)
+        assert torch.get_num_threads() == _suggested_max_num_threads(2) == max(1, cores // 2)
+    finally:
+        torch.set_num_threads(before)
