@@ -18,6 +18,7 @@ _TABLE_HEADER = re.compile(r"^contender\s+median (\S+)")
 _NUMBER = r"(-?[\d.]+|nan)"
 _ROW = re.compile(rf"^(?P<label>.+?)\s+{_NUMBER}\s+{_NUMBER}\s+{_NUMBER}\s+(?P<n>\d+)(?P<rest>.*)$")
 _RATIO = re.compile(r"([\d.]+)x \([+-][\d.]+%\)")
+_LOAD = re.compile(r"^machine: .*load avg ([\d.]+)")
 _PEER = " (peer)"
 _COLOURS = {"fabric": "#1f77b4", "lightning": "#7b3fa0", "accelerate": "#e07b00", "raw": "#7f7f7f"}
 
@@ -44,20 +45,23 @@ class Table:
     unit: str
     rows: list[Row] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    load: str = ""  # the 1-minute load average when the script started, from its machine: line
 
 
 def parse_tables(text: str) -> list[Table]:
     """Every result table in the output of one or more benchmark scripts, in the order printed."""
     tables: list[Table] = []
-    script, skipped, previous = "", [], ""
+    script, skipped, previous, load = "", [], "", ""
     current: Table | None = None
     for line in text.splitlines():
         if match := _SCRIPT_HEADER.match(line):
             script, skipped, current = match.group(1), [], None
+        elif match := _LOAD.match(line):
+            load = match.group(1)
         elif line.startswith("skipped: "):
             skipped.append(line.removeprefix("skipped: "))
         elif match := _TABLE_HEADER.match(line):
-            current = Table(script, previous.strip(), match.group(1), skipped=skipped)
+            current = Table(script, previous.strip(), match.group(1), skipped=skipped, load=load)
             tables.append(current)
         elif current is not None and not line.startswith("---"):
             row = _parse_row(line)
@@ -155,8 +159,8 @@ def draw(tables: list[Table], path: Path, subtitle: str = "") -> Path:
         _draw_panel(ax, table)
     for ax in list(axes.flat)[len(drawn) :]:
         ax.set_visible(False)
-    title = "Time (or memory) relative to raw PyTorch in the same interpreter; 1.0 = the same, lower is better"
-    fig.suptitle(title + (f"\n{subtitle}" if subtitle else ""), fontsize=11)
+    title = "Ratio to raw PyTorch run by the same interpreter (1.0 = equal; lower = faster or smaller)"
+    fig.suptitle(_wrap(title, 60 * columns) + (f"\n{_wrap(subtitle, 60 * columns)}" if subtitle else ""), fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -178,16 +182,32 @@ def _draw_panel(ax: Any, table: Table) -> None:
         if point.p10_ratio is not None:
             ax.plot(point.p10_ratio, y, marker="|", markersize=12, color=point.colour)
     ax.set_yticks(positions, [p.label for p in points], fontsize=8)
-    values = [v for p in points for v in (p.low, p.high, p.p10_ratio) if v is not None and v > 0]
-    if max(values) / min(values) > 8:
-        ax.set_xscale("log")
-    ax.set_title(_wrap(f"{table.script}: {table.title}"), fontsize=9)
+    _set_x_range(ax, points, band)
+    load = f" (load avg {table.load} at start)" if table.load else ""
+    ax.set_title(_wrap(f"{table.script}{load}: {table.title}"), fontsize=9)
     ax.set_xlabel("ratio to raw PyTorch (dot: median, bar: IQR, tick: p10)", fontsize=8)
     if table.skipped:  # e.g. "accelerate: not importable by ..." from the script's own skipped: lines
         note = "\n".join("not measured: " + _wrap(reason, 70) for reason in table.skipped)
         ax.text(0.99, 0.02, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="#b00000")
     if band is not None:
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.32), frameon=False)
+
+
+def _set_x_range(ax: Any, points: list[Point], band: tuple[float, float] | None) -> None:
+    """Fit the medians, p10s and the band; the IQR bars may run off the edge. Log scale for wide ranges."""
+    from matplotlib.ticker import FormatStrFormatter
+
+    values = [v for p in points for v in (p.ratio, p.p10_ratio) if v is not None and v > 0]
+    values += [*(band or ()), 1.0]
+    low, high = min(values), max(values)
+    if high / max(low, 1e-9) > 8:
+        ax.set_xscale("log")
+        ax.set_xlim(low / 1.5, high * 1.5)
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%gx"))
+    else:
+        margin = (high - low) * 0.15 or 0.05
+        ax.set_xlim(max(0.0, low - margin), high + margin)
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%.2fx"))
 
 
 def _wrap(text: str, width: int = 90) -> str:

@@ -108,7 +108,8 @@ def draw_chart(output: str, path: Path) -> int:
 
     tables = _chart.parse_tables(output)
     machine = next((line for line in output.splitlines() if line.startswith("machine: ")), "")
-    subtitle = machine.removeprefix("machine: ").split(" | ")[0]
+    # The CPU and core count; the load average differs per script and is in each panel's title.
+    subtitle = machine.removeprefix("machine: ").split(" | ")[0].split(", load avg")[0]
     try:
         _chart.draw(tables, path, subtitle)
     except ValueError as error:

@@ -110,12 +110,14 @@ def test_chart_reads_back_printed_tables_with_peers_and_the_noise_band(
         common.Row("raw torch (peer)", [132.0] * 5),
         common.Row("lightning_fabric (peer)", [198.0] * 5, [132.0] * 5),
     ]
-    print("=== python benchmarks/step_overhead.py --rounds 5\nskipped: accelerate: not importable by /p/python")
+    print("=== python benchmarks/step_overhead.py --rounds 5\nmachine: CPU, 2 cores, Linux, load avg 1.50 | x")
+    print("skipped: accelerate: not importable by /p/python")
     common.print_table("tiny MLP, 1 thread", rows, "us/step")
     (table,) = chart.parse_tables(capsys.readouterr().out)
     assert (table.script, table.title, table.unit) == ("step_overhead.py", "tiny MLP, 1 thread", "us/step")
     assert [row.label for row in table.rows] == [row.label for row in rows]
     assert table.skipped == ["accelerate: not importable by /p/python"]
+    assert table.load == "1.50"
     points, band = chart.chart_points(table)
     assert [p.label for p in points] == ["fabric", "lightning_fabric (peer)", "raw torch (peer) vs raw torch"]
     assert [round(p.ratio, 3) for p in points] == [1.008, 1.5, 1.1]
