@@ -154,14 +154,18 @@ def draw(tables: list[Table], path: Path, subtitle: str = "") -> Path:
         raise ValueError("no table with a ratio to raw PyTorch was found in the output; nothing to draw")
     columns = 2 if len(drawn) > 1 else 1
     rows = math.ceil(len(drawn) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(7.5 * columns, 0.5 + 2.9 * rows), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(7.5 * columns, 0.8 + 2.9 * rows), squeeze=False, layout="constrained"
+    )
     for ax, table in zip(axes.flat, drawn, strict=False):
         _draw_panel(ax, table)
     for ax in list(axes.flat)[len(drawn) :]:
         ax.set_visible(False)
-    title = "Ratio to raw PyTorch run by the same interpreter (1.0 = equal; lower = faster or smaller)"
+    title = (
+        "Ratio to raw PyTorch run by the same interpreter (1.0 = equal; lower = faster or smaller). "
+        "Grey band: raw PyTorch's own inter-quartile range over its median, i.e. the noise."
+    )
     fig.suptitle(_wrap(title, 60 * columns) + (f"\n{_wrap(subtitle, 60 * columns)}" if subtitle else ""), fontsize=10)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -172,7 +176,7 @@ def _draw_panel(ax: Any, table: Table) -> None:
     points, band = chart_points(table)
     positions = list(range(len(points)))[::-1]
     if band is not None:
-        ax.axvspan(*band, color="#dddddd", label="raw PyTorch's own IQR (noise)")
+        ax.axvspan(*band, color="#dddddd")
     ax.axvline(1.0, color="black", linewidth=0.8)
     for y, point in zip(positions, points, strict=True):
         ax.errorbar(
@@ -184,30 +188,32 @@ def _draw_panel(ax: Any, table: Table) -> None:
     ax.set_yticks(positions, [p.label for p in points], fontsize=8)
     _set_x_range(ax, points, band)
     load = f" (load avg {table.load} at start)" if table.load else ""
-    ax.set_title(_wrap(f"{table.script}{load}: {table.title}"), fontsize=9)
+    ax.set_title(_wrap(f"{table.script}{load}: {table.title}", 80), fontsize=9)
     ax.set_xlabel("ratio to raw PyTorch (dot: median, bar: IQR, tick: p10)", fontsize=8)
     if table.skipped:  # e.g. "accelerate: not importable by ..." from the script's own skipped: lines
         note = "\n".join("not measured: " + _wrap(reason, 70) for reason in table.skipped)
         ax.text(0.99, 0.02, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="#b00000")
-    if band is not None:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.32), frameon=False)
 
 
 def _set_x_range(ax: Any, points: list[Point], band: tuple[float, float] | None) -> None:
-    """Fit the medians, p10s and the band; the IQR bars may run off the edge. Log scale for wide ranges."""
-    from matplotlib.ticker import FormatStrFormatter
+    """Fit the medians and p10s (and the band, when it is narrower); IQR bars may run off the edge."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
-    values = [v for p in points for v in (p.ratio, p.p10_ratio) if v is not None and v > 0]
-    values += [*(band or ()), 1.0]
+    values = [v for p in points for v in (p.ratio, p.p10_ratio) if v is not None and v > 0] + [1.0]
     low, high = min(values), max(values)
-    if high / max(low, 1e-9) > 8:
+    if high / low > 8:  # e.g. a peer that needs a second copy of the checkpoint in memory
         ax.set_xscale("log")
         ax.set_xlim(low / 1.5, high * 1.5)
+        if high / low < 100:  # few decades: 1-2-5 steps; more would crowd the axis
+            ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(FormatStrFormatter("%gx"))
-    else:
-        margin = (high - low) * 0.15 or 0.05
-        ax.set_xlim(max(0.0, low - margin), high + margin)
-        ax.xaxis.set_major_formatter(FormatStrFormatter("%.2fx"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        return
+    if band is not None:  # a band wider than the points would squeeze them together: it may be clipped
+        low, high = min(low, max(band[0], low - (high - low))), max(high, min(band[1], high + (high - low)))
+    margin = (high - low) * 0.15 or 0.05
+    ax.set_xlim(max(0.0, low - margin), high + margin)
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%.2fx"))
 
 
 def _wrap(text: str, width: int = 90) -> str:
