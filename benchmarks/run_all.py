@@ -3,14 +3,18 @@
 The scripts run one at a time, never side by side: two benchmarks sharing the cores would measure each other.
 Each gets the same --peer-python (or $FABRIC_BENCH_PEER_PYTHON) so every table has the Lightning Fabric and
 Accelerate rows where that interpreter has them. --tee writes everything printed to a file as well.
+At the end the tables are drawn (matplotlib): one panel per table, each contender's ratio to raw PyTorch
+with raw PyTorch's own spread as the noise band, into docs/img/benchmarks.png or --chart PATH.
 
 Run:  python benchmarks/run_all.py [--rounds 5] [--peer-python PYTHON] [--cuda] [--tee results.txt]
-      python benchmarks/run_all.py --smoke      # each new script's --smoke mode: checks they run, no numbers
+      python benchmarks/run_all.py --smoke --chart /tmp/b.png   # each new script's --smoke mode: no numbers
+      python benchmarks/run_all.py --chart-from results.txt      # redraw from a --tee file, runs nothing
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import subprocess
 import sys
 import time
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 HERE = Path(__file__).resolve().parent
+DEFAULT_CHART = HERE.parent / "docs" / "img" / "benchmarks.png"
 
 
 def plan(args: argparse.Namespace) -> list[list[str]]:
@@ -70,9 +75,18 @@ def main() -> int:
     )
     parser.add_argument("--smoke", action="store_true", help="only the new scripts' quick --smoke modes")
     parser.add_argument("--tee", type=Path, help="also write everything to this file")
+    parser.add_argument(
+        "--chart", type=Path, help=f"draw the tables into this image (default: {DEFAULT_CHART}; --smoke: none)"
+    )
+    parser.add_argument("--no-chart", action="store_true", help="do not draw the tables")
+    parser.add_argument("--chart-from", type=Path, help="run nothing; draw the tables of a --tee file")
     args = parser.parse_args()
+    chart = None if args.no_chart else args.chart or (None if args.smoke else DEFAULT_CHART)
+    if args.chart_from:
+        return draw_chart(args.chart_from.read_text(), chart or DEFAULT_CHART)
 
-    out: list[TextIO] = [sys.stdout]
+    captured = io.StringIO()
+    out: list[TextIO] = [sys.stdout, captured]
     tee = args.tee.open("w") if args.tee else None
     if tee:
         out.append(tee)
@@ -85,9 +99,30 @@ def main() -> int:
     finally:
         if tee:
             tee.close()
+    if chart is not None:
+        draw_chart(captured.getvalue(), chart)
     if failed:
         print(f"\nrun_all: these scripts failed: {', '.join(failed)}; their output is above.", file=sys.stderr)
         return 1
+    return 0
+
+
+def draw_chart(output: str, path: Path) -> int:
+    """Draw the tables found in the scripts' output into `path`; 0, or 1 when there was nothing to draw."""
+    # Loaded by path, like the scripts load _common: benchmarks/ is not a package.
+    sys.path.insert(0, str(HERE))
+    import _chart
+
+    tables = _chart.parse_tables(output)
+    machine = next((line for line in output.splitlines() if line.startswith("machine: ")), "")
+    # The CPU and core count; the load average differs per script and is in each panel's title.
+    subtitle = machine.removeprefix("machine: ").split(" | ")[0].split(", load avg")[0]
+    try:
+        _chart.draw(tables, path, subtitle)
+    except ValueError as error:
+        print(f"run_all: no chart drawn: {error}", file=sys.stderr)
+        return 1
+    print(f"run_all: chart of {len(tables)} tables written to {path}")
     return 0
 
 

@@ -284,7 +284,7 @@ class Fabric:
             loader = self._strategy.process_dataloader(loader)
         seed, seed_workers = current_seed_config()
         if seed_workers and seed is not None:
-            loader = add_worker_init_fn(loader, rank=self.global_rank, base_seed=seed)
+            loader = add_worker_init_fn(loader, rank=self.global_rank)
         device = self.device if move and self.device.type != "cpu" else None
         return _FabricDataLoader(loader, device=device, move_fn=move_to_device if device is not None else None)
 

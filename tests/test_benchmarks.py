@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -41,7 +42,7 @@ def test_launch_startup_smoke_times_both_launchers() -> None:
 
 
 @pytest.mark.multiprocess
-def test_checkpoint_smoke_measures_save_and_load() -> None:
+def test_checkpoint_smoke_measures_save_and_load_and_run_all_draws_it(tmp_path: Path) -> None:
     result = _run("checkpoint.py", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
@@ -50,6 +51,14 @@ def test_checkpoint_smoke_measures_save_and_load() -> None:
     _assert_ratio_row(out, "fabric")
     assert re.search(r"target: fabric\.save vs torch\.save < 1\.05x -> median [\d.]+x", out), out
     assert re.search(r"target: fabric\.load vs torch\.load < 1\.05x -> median [\d.]+x", out), out
+    # The same smoke output, drawn by run_all as it draws a full run's (from a --tee file here).
+    tee = tmp_path / "results.txt"
+    tee.write_text("=== python benchmarks/checkpoint.py --smoke\n" + out)
+    chart = tmp_path / "img" / "bench.png"
+    drawn = _run("run_all.py", "--chart-from", str(tee), "--chart", str(chart), timeout=120)
+    assert drawn.returncode == 0, drawn.stdout + drawn.stderr
+    assert "run_all: chart of 4 tables written to" in drawn.stdout
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.multiprocess
@@ -78,3 +87,50 @@ def test_run_all_runs_every_benchmark_script() -> None:
     scripts = {p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_") and p.name != "run_all.py"}
     assert {s[0] for s in planned} == scripts
     assert all(s[-2:] == ["--peer-python", "/peer/python"] for s in planned)
+
+
+def _load(name: str) -> ModuleType:
+    """A module of benchmarks/ (not a package), registered so that its dataclasses resolve their module."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_chart_reads_back_printed_tables_with_peers_and_the_noise_band(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # _common, as the scripts import it
+    common, chart = _load("_common"), _load("_chart")
+    rows = [
+        common.Row("raw torch", [100.0, 110.0, 120.0, 130.0, 140.0]),
+        common.Row("fabric", [101.0, 111.0, 121.0, 131.0, 141.0], [100.0, 110.0, 120.0, 130.0, 140.0]),
+        common.Row("raw torch (peer)", [132.0] * 5),
+        common.Row("lightning_fabric (peer)", [198.0] * 5, [132.0] * 5),
+    ]
+    print("=== python benchmarks/step_overhead.py --rounds 5\nmachine: CPU, 2 cores, Linux, load avg 1.50 | x")
+    print("skipped: accelerate: not importable by /p/python")
+    common.print_table("tiny MLP, 1 thread", rows, "us/step")
+    (table,) = chart.parse_tables(capsys.readouterr().out)
+    assert (table.script, table.title, table.unit) == ("step_overhead.py", "tiny MLP, 1 thread", "us/step")
+    assert [row.label for row in table.rows] == [row.label for row in rows]
+    assert table.skipped == ["accelerate: not importable by /p/python"]
+    assert table.load == "1.50"
+    points, band = chart.chart_points(table)
+    assert [p.label for p in points] == ["fabric", "lightning_fabric (peer)", "raw torch (peer) vs raw torch"]
+    assert [round(p.ratio, 3) for p in points] == [1.008, 1.5, 1.1]
+    # raw torch: quartiles 105 and 135 (statistics.quantiles), so IQR 30, half of it over the median 120.
+    assert band == pytest.approx((0.875, 1.125))
+
+
+def test_chart_draws_one_panel_per_table_and_refuses_an_empty_output(tmp_path: Path) -> None:
+    chart = _load("_chart")
+    table = chart.Table("ddp_step.py", "DDP, tiny MLP", "us/step", [
+        chart.Row("raw DDP", 100.0, 10.0, 95.0, 9), chart.Row("fabric", 101.0, 12.0, 96.0, 9, 1.01, 1.011),
+    ])  # fmt: skip
+    path = chart.draw([table], tmp_path / "one.png", "2 cores")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="no table with a ratio to raw PyTorch"):
+        chart.draw(chart.parse_tables("machine: nothing ran"), tmp_path / "none.png")

@@ -264,7 +264,10 @@ def _share_cpu_threads(num_processes: int) -> None:
     """Give each CPU rank its share of the cores; N ranks with all cores each thrash (torchrun does the same)."""
     if "OMP_NUM_THREADS" in os.environ or num_processes <= 1:
         return
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_processes))
+    # The cores this process may run on (a container's or scheduler's CPU set), not all of the machine's:
+    # Lightning Fabric counts the same way, so both pick the same thread count and give the same numbers.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores // num_processes))
 
 
 def _import_before_group_exists() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import inspect
 import random
 import sys
@@ -25,6 +24,7 @@ from torch.utils.data import (
 )
 
 from fabric.utilities.exceptions import FabricTypeError
+from fabric.utilities.seed import worker_init_function
 
 _T = TypeVar("_T")
 
@@ -266,32 +266,8 @@ def inject_distributed_sampler(
     return _rebuild_dataloader(dataloader, sampler, {}, ctx)
 
 
-def _worker_seed(worker_id: int, rank: int, base_seed: int, process_seed: int) -> int:
-    """A 128-bit seed unique to one worker on one rank; the same inputs always give the same seed."""
-    key = f"{base_seed}:{rank}:{worker_id}:{process_seed}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "little")
-
-
-def worker_init_function(worker_id: int, rank: int, base_seed: int) -> None:
-    """Seed ``random``, ``numpy`` and torch inside a DataLoader worker.
-
-    Torch seeds workers from a per-iteration seed plus the worker id, which is equal on every
-    rank when all ranks were seeded alike, so their augmentations would repeat. Mixing in the
-    rank fixes that; mixing in that per-iteration seed (``torch.initial_seed()`` in the worker)
-    keeps non-persistent workers from repeating the same randomness every epoch.
-    """
-    seed = _worker_seed(worker_id, rank, base_seed, torch.initial_seed())
-    torch.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)  # torch accepts at most 64 bits
-    random.seed(seed)
-    try:
-        import numpy as np
-    except ImportError:  # numpy is optional
-        return
-    np.random.seed([(seed >> shift) & 0xFFFF_FFFF for shift in range(0, 128, 32)])
-
-
-def add_worker_init_fn(dataloader: DataLoader, rank: int, base_seed: int) -> DataLoader:
-    """Return a loader whose workers are seeded by ``worker_init_function``.
+def add_worker_init_fn(dataloader: DataLoader, rank: int) -> DataLoader:
+    """Return a loader whose workers are seeded by ``worker_init_function`` (as Lightning Fabric seeds them).
 
     Loaders without worker processes, or with a ``worker_init_fn`` of their own, are returned as is.
     """
@@ -300,7 +276,7 @@ def add_worker_init_fn(dataloader: DataLoader, rank: int, base_seed: int) -> Dat
     ctx = _RebuildContext(
         "setup_dataloaders", "to add a seeded worker_init_fn", "give the loader a worker_init_fn yourself"
     )
-    init_fn = functools.partial(worker_init_function, rank=rank, base_seed=base_seed)
+    init_fn = functools.partial(worker_init_function, rank=rank)
     return _rebuild_dataloader(dataloader, None, {"worker_init_fn": init_fn}, ctx)
 
 

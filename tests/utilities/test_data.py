@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import random
-import sys
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import (
@@ -32,8 +29,8 @@ from fabric.utilities.data import (
     has_iterable_dataset,
     inject_distributed_sampler,
     is_distributed_sampler,
-    worker_init_function,
 )
+from fabric.utilities.seed import worker_init_function
 
 
 class _RangeDataset(Dataset):
@@ -346,58 +343,33 @@ def test_loader_without_automatic_batching_keeps_yielding_samples() -> None:
     assert list(new) == [1, 3, 5]
 
 
-def test_worker_init_function_seeds_are_distinct_and_reproducible() -> None:
-    def draws(worker_id: int, rank: int, base_seed: int = 42, process_seed: int = 1234) -> tuple[float, ...]:
-        torch.manual_seed(process_seed)  # what torch sets in the worker before worker_init_fn runs
-        worker_init_function(worker_id, rank=rank, base_seed=base_seed)
-        return torch.rand(1).item(), random.random(), float(np.random.rand())
-
-    pairs = list(itertools.product(range(3), range(3)))
-    results = [draws(worker, rank) for worker, rank in pairs]
-    for library in range(3):
-        assert len({result[library] for result in results}) == len(pairs)
-    assert [draws(worker, rank) for worker, rank in pairs] == results
-    assert draws(0, 0, base_seed=43) != draws(0, 0)
-    assert draws(0, 0, process_seed=99) != draws(0, 0)  # the next epoch's workers draw afresh
-
-
-def test_worker_init_function_works_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "numpy", None)  # makes `import numpy` raise ImportError
-    torch.manual_seed(0)
-    worker_init_function(0, rank=0, base_seed=1)
-    first = torch.rand(1).item()
-    torch.manual_seed(0)
-    worker_init_function(0, rank=1, base_seed=1)
-    assert torch.rand(1).item() != first
-
-
 def test_add_worker_init_fn_leaves_loaders_without_workers_or_with_their_own_alone() -> None:
     without_workers = DataLoader(_RangeDataset(4))
-    assert add_worker_init_fn(without_workers, rank=0, base_seed=1) is without_workers
+    assert add_worker_init_fn(without_workers, rank=0) is without_workers
     with_own = DataLoader(_RangeDataset(4), num_workers=2, worker_init_fn=_noop_init)
-    assert add_worker_init_fn(with_own, rank=0, base_seed=1) is with_own
+    assert add_worker_init_fn(with_own, rank=0) is with_own
 
 
 def test_add_worker_init_fn_adds_seeded_function() -> None:
     dataset = _RangeDataset(10)
     loader = DataLoader(dataset, batch_size=2, shuffle=True, num_workers=2, collate_fn=_double)
-    new = add_worker_init_fn(loader, rank=3, base_seed=11)
+    new = add_worker_init_fn(loader, rank=3)
     assert loader.worker_init_fn is None
     assert isinstance(new.worker_init_fn, functools.partial)
     assert new.worker_init_fn.func is worker_init_function
-    assert new.worker_init_fn.keywords == {"rank": 3, "base_seed": 11}
+    assert new.worker_init_fn.keywords == {"rank": 3}
     assert new.sampler is loader.sampler
     assert (new.batch_size, new.num_workers, new.collate_fn) == (2, 2, _double)
 
 
 def test_add_worker_init_fn_keeps_iterable_dataset_and_custom_batch_sampler() -> None:
-    stream = add_worker_init_fn(DataLoader(_Stream(), batch_size=2, num_workers=1), rank=0, base_seed=0)
+    stream = add_worker_init_fn(DataLoader(_Stream(), batch_size=2, num_workers=1), rank=0)
     assert stream.worker_init_fn is not None
     assert stream.batch_size == 2
     dataset = _RangeDataset(4)
     batch_sampler = _TaggedBatchSampler(SequentialSampler(dataset), 2, False, "x")
     loader = DataLoader(dataset, batch_sampler=batch_sampler, num_workers=1)
-    assert add_worker_init_fn(loader, rank=0, base_seed=0).batch_sampler is batch_sampler
+    assert add_worker_init_fn(loader, rank=0).batch_sampler is batch_sampler
 
 
 def test_add_worker_init_fn_rebuilds_subclass_that_takes_no_sampler() -> None:
@@ -405,7 +377,7 @@ def test_add_worker_init_fn_rebuilds_subclass_that_takes_no_sampler() -> None:
         def __init__(self, dataset: Dataset, num_workers: int, worker_init_fn: Any = None) -> None:
             super().__init__(dataset, 2, shuffle=True, num_workers=num_workers, worker_init_fn=worker_init_fn)
 
-    new = add_worker_init_fn(_OwnSampling(_RangeDataset(4), num_workers=1), rank=0, base_seed=0)
+    new = add_worker_init_fn(_OwnSampling(_RangeDataset(4), num_workers=1), rank=0)
     assert type(new) is _OwnSampling
     assert isinstance(new.worker_init_fn, functools.partial)
     assert type(new.sampler) is RandomSampler
@@ -415,4 +387,4 @@ def test_add_worker_init_fn_subclass_with_unsaved_argument_raises() -> None:
     loader = _LoaderForgetsArg(_RangeDataset(4), foo=1, num_workers=1)
     match = r"setup_dataloaders\(_LoaderForgetsArg\): cannot rebuild .* to add a seeded worker_init_fn.*'foo'"
     with pytest.raises(TypeError, match=match):
-        add_worker_init_fn(loader, rank=0, base_seed=0)
+        add_worker_init_fn(loader, rank=0)

@@ -28,6 +28,8 @@ _JOB_VARIABLES = (
     "GROUP_RANK",
     "FABRIC_GLOBAL_SEED",
     "FABRIC_SEED_WORKERS",
+    "PL_GLOBAL_SEED",  # seed_everything writes Lightning's names too, and reads them when ours are absent
+    "PL_SEED_WORKERS",
 )
 
 
