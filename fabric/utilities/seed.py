@@ -187,19 +187,3 @@ def _seed_numpy(seed: int) -> None:
     except ImportError:
         return
     np.random.seed(seed)
-
-
-def pl_worker_init_function(worker_id: int, rank: int | None = None) -> None:
-    """The ``worker_init_fn`` fabric gives DataLoaders after ``seed_everything(seed, workers=True)``.
-
-    Seeds ``random``, numpy and torch in the worker from the recorded seed, this process's global rank
-    (default: ``rank_zero_only.rank``) and the worker id, so no two workers on any rank repeat each
-    other's randomness. Lightning's name; does nothing when ``seed_everything`` has not run.
-    """
-    from fabric.utilities.data import worker_init_function
-    from fabric.utilities.rank_zero import rank_zero_only
-
-    seed, _ = current_seed_config()
-    if seed is None:
-        return
-    worker_init_function(worker_id, rank=rank_zero_only.rank if rank is None else rank, base_seed=seed)
