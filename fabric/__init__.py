@@ -19,7 +19,7 @@ from fabric.environments import (
     TorchElasticEnvironment,
 )
 from fabric.fabric import Fabric
-from fabric.io import CheckpointIO, TorchCheckpointIO
+from fabric.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
 from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from fabric.strategies import (
     STRATEGY_REGISTRY,
@@ -39,6 +39,7 @@ __all__ = [
     "ACCELERATOR_REGISTRY",
     "STRATEGY_REGISTRY",
     "Accelerator",
+    "AsyncCheckpointIO",
     "CPUAccelerator",
     "CUDAAccelerator",
     "CheckpointIO",

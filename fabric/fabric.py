@@ -317,6 +317,7 @@ class Fabric:
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point."""
         self._validate_launched("barrier")
+        self._strategy.wait_for_checkpoints()  # checkpoints saved in the background are complete after a barrier
         self._strategy.barrier(name=name)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
@@ -359,11 +360,12 @@ class Fabric:
         """Save modules, optimizers and plain values atomically; only the ranks the strategy allows write."""
         self._validate_launched("save")
         self._strategy.save_checkpoint(path, state, filter=filter)
-        self.barrier()
+        self._strategy.barrier()  # not self.barrier(): that would wait for a save running in the background
 
     def load(self, path: str | Path, state: dict[str, Any] | None = None, strict: bool = True) -> dict[str, Any]:
         """Restore `state` in place from a checkpoint; returns what the checkpoint held beyond `state`."""
         self._validate_launched("load")
+        self._strategy.wait_for_checkpoints()
         remainder = self._strategy.load_checkpoint(path, state=state, strict=strict)
         self.barrier()
         return remainder
@@ -371,6 +373,7 @@ class Fabric:
     def load_raw(self, path: str | Path, obj: Module | Optimizer, strict: bool = True) -> None:
         """Load a plain state dict file (e.g. from torch.save(model.state_dict())) into a module or optimizer."""
         self._validate_launched("load_raw")
+        self._strategy.wait_for_checkpoints()
         self._strategy.load_checkpoint(path, state=obj, strict=strict)
 
     # -- callbacks, logging, seeding --------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Checkpoint input and output plugins."""
 
+from fabric.io.async_io import AsyncCheckpointIO
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.io.torch_io import TorchCheckpointIO
 
-__all__ = ["CheckpointIO", "TorchCheckpointIO"]
+__all__ = ["AsyncCheckpointIO", "CheckpointIO", "TorchCheckpointIO"]

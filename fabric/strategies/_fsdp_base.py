@@ -20,6 +20,7 @@ from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies import _fsdp_utils as utils
+from fabric.strategies._sharded_async import AsyncShardedSaver
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
@@ -65,6 +66,7 @@ class _FullyShardedStrategy(ParallelStrategy):
         self._device_mesh: DeviceMesh | None = None
         # The modules set up so far, to find the model an optimizer belongs to (its state is keyed by names).
         self._sharded_modules: weakref.WeakSet[Module] = weakref.WeakSet()
+        self._async_saver = AsyncShardedSaver()  # used when the CheckpointIO saves in the background
         if precision is not None:
             utils.check_precision(precision, type(self).__name__)
 
@@ -198,8 +200,20 @@ class _FullyShardedStrategy(ParallelStrategy):
             )
         if self._state_dict_type == "full":
             _sharded_checkpoint.save_full(path, state, filter, self.checkpoint_io, self.is_global_zero)
+        elif self.checkpoint_io.asynchronous:
+            pinned = self.root_device.type == "cuda"
+            self._async_saver.save(
+                path, state, filter, self.checkpoint_io, self.global_rank, self.barrier, self._timeout, pinned
+            )
         else:
             _sharded_checkpoint.save_sharded(path, state, filter, self.world_size, self.global_rank, self.barrier)
+
+    def teardown(self) -> None:
+        """Also free what background sharded saves kept (after waiting for the one in flight)."""
+        try:
+            super().teardown()
+        finally:
+            self._async_saver.close()
 
     def load_checkpoint(
         self, path: str | Path, state: dict[str, Any] | Module | Optimizer | None = None, strict: bool = True
