@@ -149,6 +149,8 @@ class _Background:
 
 
 def _failure_message(path: str, error: BaseException) -> str:
+    if str(error).startswith(f"save({path!r})"):  # the strategy's own message already names the save and the fix
+        return f"{error} (This save ran in the background: fabric.save({path!r}) had already returned.)"
     return (
         f"save({path!r}): the background write of this checkpoint failed ({type(error).__name__}: {error}). The "
         "checkpoint that was at this path before is unchanged. Fix the cause and save again."
