@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 def plan(args: argparse.Namespace) -> list[list[str]]:
     """The argument lists, one per script, in the order they run."""
     if args.smoke:
-        cpu = [["launch_startup.py", "--smoke"], ["checkpoint.py", "--smoke"]]
+        cpu = [["launch_startup.py", "--smoke"], ["checkpoint.py", "--smoke"], ["checkpoint_async.py", "--smoke"]]
         return [*cpu, ["cuda_precision.py", "--device", "cpu", "--smoke"]]
     peer = ["--peer-python", args.peer_python] if args.peer_python else []
     rounds = ["--rounds", str(args.rounds)]
@@ -33,6 +33,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         ["ddp_step.py", *rounds, *peer],
         ["launch_startup.py", *rounds, *peer],
         ["checkpoint.py", *rounds, *peer],
+        ["checkpoint_async.py", *rounds, *peer],
     ]
     if args.cuda:
         scripts.append(["cuda_precision.py", "--rounds", str(max(1, args.rounds // 2 + 1)), *peer])

@@ -1,0 +1,151 @@
+"""Asynchronous saves: how long `fabric.save` blocks the loop with AsyncCheckpointIO, against a synchronous save.
+
+The state is a model of about --size-mb MB of float32 parameters (square Linear layers) with AdamW after one
+step, so the checkpoint holds about 3x that (weights, exp_avg, exp_avg_sq). Each worker is a fresh process that
+builds the state, then saves it --saves times to one path, taking a training step between saves (so the weights
+change, as in a real loop), and times each save. Contenders:
+  torch.save + fsync   torch.save({'model': sd, 'optimizer': sd, 'step': i}, f), flush, os.fsync (the durable baseline)
+  fabric sync          fabric.save with the default TorchCheckpointIO (temporary file, fsync, rename)
+  fabric async         fabric.save with AsyncCheckpointIO: the time the call blocks; "written" is the time until
+                       fabric.barrier() returns, i.e. until the background write is on disk
+The first async save allocates its CPU copy buffers; later saves refill them, so "first" and "later" async saves are
+reported apart. Targets: (a) an async save blocks at most 0.10x a synchronous fabric.save (later saves, the steady
+state of a training run); (b) a synchronous fabric.save within 1.10x of torch.save + fsync. Contenders run
+round-robin, a fresh process each, all writing into one temporary directory (--dir).
+
+Run:  python benchmarks/checkpoint_async.py [--rounds 5] [--size-mb 170] [--saves 3] [--dir /tmp]
+      python benchmarks/checkpoint_async.py --smoke     # 1 round, 16 MB, 2 saves: does it run?
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import Row, check_target, contenders, emit, print_table, run_json
+
+WIDTH = 2048  # one Linear(WIDTH, WIDTH) holds 16.8 MB of float32 weights and bias
+TARGET_BLOCKING = 0.10
+TARGET_SYNC = 1.10
+MODES = {"raw_fsync": "torch.save + fsync", "sync": "fabric sync", "async": "fabric async"}
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _state(size_mb: float) -> tuple[Any, Any]:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    per_layer = (WIDTH * WIDTH + WIDTH) * 4 / 2**20
+    model = nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(max(1, round(size_mb / per_layer)))))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def _step(model: Any, optimizer: Any) -> None:
+    import torch
+
+    model(torch.randn(4, WIDTH)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def worker(mode: str, path: str, size_mb: float, saves: int) -> None:
+    """Fresh process: build the state, save it `saves` times (a step before each); print the timings as JSON."""
+    import torch
+
+    torch.set_num_threads(1)
+    model, optimizer = _state(size_mb)
+    fabric = None
+    if mode != "raw_fsync":
+        from fabric import AsyncCheckpointIO, Fabric
+
+        fabric = Fabric(accelerator="cpu", devices=1, plugins=[AsyncCheckpointIO()] if mode == "async" else None)
+        model, optimizer = fabric.setup(model, optimizer)
+    blocked, written = [], []
+    for i in range(saves):
+        _step(model, optimizer)
+        start = time.perf_counter()
+        if fabric is None:
+            with Path(path).open("wb") as handle:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": i}, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+        else:
+            fabric.save(path, {"model": model, "optimizer": optimizer, "step": i})
+        blocked.append(time.perf_counter() - start)
+        if fabric is not None:
+            fabric.barrier()  # waits for the background write (a no-op wait for synchronous saves)
+        written.append(time.perf_counter() - start)
+    n_params = sum(p.numel() for p in model.parameters())
+    emit({"blocked": blocked, "written": written, "param_mb": n_params * 4 / 2**20,
+          "file_mb": Path(path).stat().st_size / 2**20})  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds (a fresh process per contender)")
+    parser.add_argument("--size-mb", type=float, default=170, help="float32 parameter MB (checkpoint ~3x)")
+    parser.add_argument("--saves", type=int, default=3, help="saves per process (the first async one is cold)")
+    parser.add_argument("--dir", help="where the checkpoints go (default: the system temporary directory)")
+    parser.add_argument("--peer-python", help=argparse.SUPPRESS)  # run_all passes it; no peer has async saves
+    parser.add_argument("--smoke", action="store_true", help="1 round, 16 MB, 2 saves")
+    parser.add_argument("--worker", nargs=4, metavar=("MODE", "PATH", "MB", "SAVES"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        mode, path, size, saves = args.worker
+        worker(mode, path, float(size), int(saves))
+        return 0
+    if args.smoke:
+        args.rounds, args.size_mb, args.saves = 1, 16, 2
+    contenders("torch.save + fsync", None)  # prints the machine line
+    tmp = Path(tempfile.mkdtemp(prefix="fabric-async-bench-", dir=args.dir))
+    samples: dict[str, list[float]] = {key: [] for key in ("raw", "sync", "async_first", "async_later", "written")}
+    sizes: tuple[float, float] = (0.0, 0.0)
+    try:
+        order = list(MODES)
+        for r in range(args.rounds):
+            k = r % len(order)
+            for mode in order[k:] + order[:k]:
+                cmd = [__file__, "--worker", mode, str(tmp / f"{mode}.pt"), str(args.size_mb), str(args.saves)]
+                data, _ = run_json(sys.executable, cmd, THREAD_ENV)
+                if mode == "async":
+                    samples["async_first"].append(data["blocked"][0])
+                    samples["async_later"] += data["blocked"][1:]
+                    samples["written"] += data["written"][1:]
+                else:
+                    samples["raw" if mode == "raw_fsync" else "sync"] += data["blocked"]
+                sizes = (data["param_mb"], data["file_mb"])
+        _report(samples, sizes, args)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def _report(samples: dict[str, list[float]], sizes: tuple[float, float], args: argparse.Namespace) -> None:
+    print(f"\nstate: {sizes[0]:.0f} MB float32 parameters + AdamW state; checkpoint file {sizes[1]:.0f} MB")
+    runs = f"{args.rounds} rounds x {args.saves} saves, a fresh process per contender and round"
+    print_table(f"Synchronous save: time, {runs}", [
+        Row("torch.save + fsync", samples["raw"]),
+        Row("fabric sync", samples["sync"], samples["raw"], "temporary file, fsync, rename"),
+    ], "ms", 1e3)  # fmt: skip
+    print_table(f"Time fabric.save blocks the loop, {runs}", [
+        Row("fabric sync", samples["sync"]),
+        Row("fabric async, first save", samples["async_first"], samples["sync"], "allocates the CPU copy"),
+        Row("fabric async, later saves", samples["async_later"], samples["sync"], "refills the CPU copy"),
+        Row("fabric async, until written", samples["written"], samples["sync"], "save + barrier()"),
+    ], "ms", 1e3)  # fmt: skip
+    check_target("fabric.save (sync) vs torch.save + fsync", samples["sync"], samples["raw"], TARGET_SYNC)
+    check_target("async fabric.save blocking (later saves) vs sync fabric.save", samples["async_later"],
+                 samples["sync"], TARGET_BLOCKING)  # fmt: skip
+    check_target("async fabric.save blocking (first save) vs sync fabric.save", samples["async_first"],
+                 samples["sync"], TARGET_BLOCKING)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
