@@ -210,3 +210,12 @@ def test_cuda_tensors_are_copied_to_pinned_cpu_memory() -> None:
     weight.add_(1)
     assert snapshot["w"].device.type == "cpu" and snapshot["w"].is_pinned()
     assert torch.equal(snapshot["w"], (weight - 1).cpu())
+
+
+def test_the_docs_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "checkpoints.md").read_text()
+    section = page.split("## Asynchronous saves", 1)[1]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "docs/checkpoints.md", "exec"), {})
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["step"] == 30
