@@ -81,6 +81,15 @@ def test_sharded_background_failure_is_raised_on_every_rank_and_keeps_the_checkp
         assert result["unchanged"] and not result["staging_left"]
 
 
+def test_ddp_and_full_checkpoints_load_right_after_an_async_save_on_every_rank(
+    sharded: list[dict[str, Any]],
+) -> None:
+    for result in _check(sharded, "other_strategies"):
+        assert result["ddp"] == {"step": 4, "equal": True}, "rank 1 read the file only after rank 0 wrote it"
+        assert result["full"] == {"step": 4, "equal": True}
+        assert result["ddp_raw"] is True
+
+
 def test_teardown_waits_for_the_last_sharded_save(sharded: list[dict[str, Any]]) -> None:
     for result in sharded:
         assert result["last_complete"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]

@@ -102,7 +102,36 @@ def background_failure(fabric: Fabric, outdir: Path) -> Any:
             "staging_left": staging_dir(outdir / "ckpt").exists()}  # fmt: skip
 
 
-CHECKS: list[Callable[[Fabric, Path], Any]] = [snapshot_and_training_during_write, second_save_wins, background_failure]
+def other_strategies(fabric: Fabric, outdir: Path) -> Any:
+    """DDP (rank 0 writes one file) and FSDP full checkpoints: every rank loads the new file right after saving."""
+    from fabric.strategies import FSDPStrategy
+
+    results = {}
+    for name, strategy in (("ddp", "ddp"), ("full", FSDPStrategy(state_dict_type="full"))):
+        other = Fabric(accelerator="cpu", strategy=strategy, devices=2, plugins=[AsyncCheckpointIO()])
+        other.launch()
+        model = other.setup_module(make_model(3))
+        saved = full_weights(model) if name == "full" else {k: v.clone() for k, v in model.state_dict().items()}
+        other.save(outdir / f"{name}.pt", {"model": model, "step": 4})
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(1.0)
+        fresh = other.setup_module(make_model(8))
+        state = {"model": fresh, "step": 0}
+        other.load(outdir / f"{name}.pt", state)  # no barrier before it: load itself waits for rank 0's write
+        loaded = full_weights(fresh) if name == "full" else fresh.state_dict()
+        results[name] = {"step": state["step"], "equal": all(torch.equal(loaded[k], saved[k]) for k in saved)}
+        if name == "ddp":  # load_raw also waits on every rank
+            other.save(outdir / "ddp_raw.pt", dict(saved))
+            raw = make_model(9)
+            other.load_raw(outdir / "ddp_raw.pt", raw)
+            results["ddp_raw"] = all(torch.equal(raw.state_dict()[k], saved[k]) for k in saved)
+    return results
+
+
+CHECKS: list[Callable[[Fabric, Path], Any]] = [
+    snapshot_and_training_during_write, second_save_wins, background_failure, other_strategies,
+]  # fmt: skip
 
 
 def rank_main(rank: int, outdir: Path, port: int) -> None:
