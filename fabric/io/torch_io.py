@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from fabric.io._page_cache import release_cached_pages
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.utilities.exceptions import FabricTypeError
 
@@ -37,6 +38,7 @@ class TorchCheckpointIO(CheckpointIO):
                 "Choose a file name, or remove the directory first."
             )
         path.parent.mkdir(parents=True, exist_ok=True)
+        release_cached_pages(path)
         # Same directory as the target, so the final rename never crosses file systems.
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
