@@ -203,6 +203,20 @@ def test_snapshot_reuses_its_buffers_for_the_same_tensors_and_frees_the_rest() -
     assert pool.nbytes == 0
 
 
+def test_snapshot_copies_large_tensors_in_pieces_on_several_threads() -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        large = torch.randn(10_000_001)  # 40 MB: two pieces and a remainder; an odd size ends mid-piece
+        offset_view = large[3:]
+        snapshot = BufferPool().snapshot({"large": large, "view": offset_view})
+    finally:
+        torch.set_num_threads(threads)
+    expected = large.clone()
+    large.zero_()
+    assert torch.equal(snapshot["large"], expected) and torch.equal(snapshot["view"], expected[3:])
+
+
 @pytest.mark.cuda
 def test_cuda_tensors_are_copied_to_pinned_cpu_memory() -> None:
     weight = torch.randn(1000, device="cuda")
