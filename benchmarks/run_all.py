@@ -28,7 +28,7 @@ DEFAULT_CHART = HERE.parent / "docs" / "img" / "benchmarks.png"
 def plan(args: argparse.Namespace) -> list[list[str]]:
     """The argument lists, one per script, in the order they run."""
     if args.smoke:
-        cpu = [["launch_startup.py", "--smoke"], ["checkpoint.py", "--smoke"]]
+        cpu = [["launch_startup.py", "--smoke"], ["checkpoint.py", "--smoke"], ["checkpoint_async.py", "--smoke"]]
         gpu = [
             ["cuda_precision.py", "--device", "cpu", "--smoke"],
             ["gpu_memory_and_speed.py", "--device", "cpu", "--smoke"],
@@ -42,6 +42,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         ["ddp_step.py", *rounds, *peer],
         ["launch_startup.py", *rounds, *peer],
         ["checkpoint.py", *rounds, *peer],
+        ["checkpoint_async.py", *rounds, *peer],
     ]
     if args.cuda:
         scripts.append(["cuda_precision.py", "--rounds", str(max(1, args.rounds // 2 + 1)), *peer])

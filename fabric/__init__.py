@@ -21,7 +21,7 @@ from fabric.environments import (
     TorchElasticEnvironment,
 )
 from fabric.fabric import Fabric
-from fabric.io import CheckpointIO, TorchCheckpointIO
+from fabric.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
 from fabric.precision import (
     BitsandbytesPrecision,
     DeepSpeedPrecision,
@@ -57,6 +57,7 @@ __all__ = [
     "ACCELERATOR_REGISTRY",
     "STRATEGY_REGISTRY",
     "Accelerator",
+    "AsyncCheckpointIO",
     "BitsandbytesPrecision",
     "CPUAccelerator",
     "CUDAAccelerator",

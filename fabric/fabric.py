@@ -398,6 +398,7 @@ class Fabric:
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point."""
         self._validate_launched("barrier")
+        self._strategy.wait_for_checkpoints()  # checkpoints saved in the background are complete after a barrier
         self._strategy.barrier(name=name)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
@@ -441,7 +442,7 @@ class Fabric:
         self._validate_launched("save")
         state = _checkpoint.with_scaler_state(state, self._strategy.precision.state_dict())
         self._strategy.save_checkpoint(path, state, filter=filter)
-        self.barrier()
+        self._strategy.barrier()  # not self.barrier(): that would wait for a save running in the background
 
     def load(
         self,
@@ -457,6 +458,7 @@ class Fabric:
         plain Python values are unpickled; pass ``weights_only=False`` only for files you trust.
         """
         self._validate_launched("load")
+        self._strategy.wait_for_checkpoints()
         remainder = self._strategy.load_checkpoint(path, state=state, strict=strict, weights_only=weights_only)
         remainder = _checkpoint.restore_scaler_state(remainder, state, self._strategy.precision.load_state_dict)
         self.barrier()
@@ -467,6 +469,7 @@ class Fabric:
     ) -> None:
         """Load a plain state dict file (e.g. from torch.save(model.state_dict())) into a module or optimizer."""
         self._validate_launched("load_raw")
+        self._strategy.wait_for_checkpoints()
         self._strategy.load_checkpoint(path, state=obj, strict=strict, weights_only=weights_only)
 
     # -- callbacks, logging, seeding --------------------------------------------------------------

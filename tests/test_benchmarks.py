@@ -62,6 +62,18 @@ def test_checkpoint_smoke_measures_save_and_load_and_run_all_draws_it(tmp_path: 
 
 
 @pytest.mark.multiprocess
+def test_checkpoint_async_smoke_measures_blocking_and_sync_saves() -> None:
+    result = _run("checkpoint_async.py", "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "Synchronous save: time" in out and "Time fabric.save blocks the loop" in out, out
+    for label in ("fabric sync", "fabric async, first save", "fabric async, later saves"):
+        _assert_ratio_row(out, label)
+    assert re.search(r"target: fabric\.save \(sync\) vs torch\.save \+ fsync < 1\.10x -> median [\d.]+x", out), out
+    assert re.search(r"target: async fabric\.save blocking \(later saves\) vs sync fabric\.save < 0\.10x", out), out
+
+
+@pytest.mark.multiprocess
 def test_cuda_precision_code_paths_run_on_cpu() -> None:
     result = _run("cuda_precision.py", "--device", "cpu", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr

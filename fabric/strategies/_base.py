@@ -212,6 +212,16 @@ class _StrategyComponents:
             return {}
         return _checkpoint.restore_state(state, checkpoint, strict, str(path))
 
+    def wait_for_checkpoints(self) -> None:
+        """Block until background saves are complete on every process; raise the error of one that failed.
+
+        With an asynchronous CheckpointIO this is collective: only rank 0 writes single files, so the other
+        processes must also wait for it before they read.
+        """
+        self.checkpoint_io.wait()
+        if self.checkpoint_io.asynchronous:
+            self.barrier()  # type: ignore[attr-defined]
+
     def teardown(self) -> None:
         """Release everything this strategy set up."""
         self.precision.teardown()

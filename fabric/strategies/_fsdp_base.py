@@ -21,6 +21,7 @@ from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.fsdp import as_fsdp_precision, check_fsdp_precision
 from fabric.precision.precision import Precision
 from fabric.strategies import _fsdp_utils as utils
+from fabric.strategies._sharded_async import AsyncShardedSaver
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
@@ -66,6 +67,7 @@ class _FullyShardedStrategy(ParallelStrategy):
         self._device_mesh: DeviceMesh | None = None
         # The modules set up so far, to find the model an optimizer belongs to (its state is keyed by names).
         self._sharded_modules: weakref.WeakSet[Module] = weakref.WeakSet()
+        self._async_saver = AsyncShardedSaver()  # used when the CheckpointIO saves in the background
         if precision is not None:
             check_fsdp_precision(precision, type(self).__name__)
 
@@ -200,8 +202,21 @@ class _FullyShardedStrategy(ParallelStrategy):
             )
         if self._state_dict_type == "full":
             _sharded_checkpoint.save_full(path, state, filter, self.checkpoint_io, self.is_global_zero)
+        elif self.checkpoint_io.asynchronous:
+            _refuse_remote_async(path, type(self).__name__)
+            pinned = self.root_device.type == "cuda"
+            self._async_saver.save(
+                path, state, filter, self.checkpoint_io, self.global_rank, self.barrier, self._timeout, pinned
+            )
         else:
             _sharded_checkpoint.save_sharded(path, state, filter, self.world_size, self.global_rank, self.barrier)
+
+    def teardown(self) -> None:
+        """Also free what background sharded saves kept (after waiting for the one in flight)."""
+        try:
+            super().teardown()
+        finally:
+            self._async_saver.close()
 
     def load_checkpoint(
         self,
@@ -214,3 +229,13 @@ class _FullyShardedStrategy(ParallelStrategy):
         from fabric.strategies import _sharded_checkpoint
 
         return _sharded_checkpoint.load(path, state, strict, weights_only)
+
+
+def _refuse_remote_async(path: str | Path, owner: str) -> None:
+    from fabric.io import _fsspec
+
+    if _fsspec.is_url(path):
+        raise FabricValueError(
+            f"{owner}.save_checkpoint({str(path)!r}) with AsyncCheckpointIO: background sharded saves write to a "
+            "local directory only. Save to a local path, or drop AsyncCheckpointIO to write the URL synchronously."
+        )

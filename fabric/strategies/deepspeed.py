@@ -112,6 +112,12 @@ class DeepSpeedStrategy(ParallelStrategy):
     def _connect(self, **components: Any) -> None:
         """Fill in the components, then turn the precision into DeepSpeed's fp16/bf16 section."""
         super()._connect(**components)
+        if self.checkpoint_io.asynchronous:
+            raise FabricValueError(
+                f"DeepSpeedStrategy with plugins=[{type(self.checkpoint_io).__name__}(...)]: DeepSpeed writes its "
+                "checkpoints itself, without a CheckpointIO, so they cannot be saved in the background. Remove the "
+                "plugin, or use strategy='fsdp', whose sharded saves it makes asynchronous."
+            )
         precision = _check_precision_plugin(self.precision)
         cfg.apply_precision(self.config, precision.precision)
         cfg.apply_fp16_keywords(self.config, self._keywords, self._uses_defaults)

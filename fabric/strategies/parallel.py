@@ -191,11 +191,14 @@ class ParallelStrategy(Strategy):
             )
 
     def teardown(self) -> None:
-        """Destroy the process group if this strategy created it."""
-        if self._owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-        self._owns_process_group = False
-        super().teardown()
+        """Destroy the process group if this strategy created it (after background saves that use it finished)."""
+        try:
+            self.checkpoint_io.wait()
+        finally:
+            if self._owns_process_group and dist.is_initialized():
+                dist.destroy_process_group()
+            self._owns_process_group = False
+            super().teardown()
 
     # -- collectives ----------------------------------------------------------------------------------
     def process_dataloader(self, dataloader: DataLoader) -> DataLoader:

@@ -1,8 +1,8 @@
 """Every public import path of Lightning Fabric 2.6's API reference exists under `fabric.`, after the `sed` rename.
 
 The list is written out here (not read from an installed Lightning) so that the test needs no Lightning and
-says exactly what users can import. Two groups are handled explicitly: names other helpers are adding right now
-(`PENDING_OTHER_HELPERS`) and the TPU (XLA) names of a later issue (`XLA_LATER`).
+says exactly what users can import. The TPU (XLA) names of a later issue (`XLA_LATER`) must not import yet, so
+nobody forgets them silently.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ SUPPORTED: list[tuple[str, str]] = [
     *(("fabric.plugins.precision", n) for n in ("DeepSpeedPrecision", "FSDPPrecision", "BitsandbytesPrecision")),
     ("fabric.plugins.precision", "TransformerEnginePrecision"),
     ("fabric.strategies", "DataParallelStrategy"),
+    # Not a Lightning Fabric name (Lightning has it in lightning.pytorch only); offered on the same path.
+    ("fabric.plugins.io", "AsyncCheckpointIO"),
     # accelerators
     *(("fabric.accelerators", n) for n in ("Accelerator", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator")),
     ("fabric.accelerators", "find_usable_cuda_devices"),
@@ -209,14 +211,6 @@ SUPPORTED: list[tuple[str, str]] = [
     ),
 ]
 
-# (import path, name, the module of ours that will define it). Other helpers are writing these right now; once
-# the module exists in the tree the name must be importable from the Lightning path (the lead adds the
-# re-export when merging, and then moves the entry to SUPPORTED).
-PENDING_OTHER_HELPERS: list[tuple[str, str, str]] = [
-    # Not a Lightning Fabric name (Lightning has it in lightning.pytorch only); offered on the same path for symmetry.
-    ("fabric.plugins.io", "AsyncCheckpointIO", "fabric/io/async_io.py"),
-]
-
 # TPU support is a later issue. Until then these must NOT import, so nobody forgets them silently: when one
 # starts to import, move it to SUPPORTED.
 XLA_LATER: list[tuple[str, str]] = [
@@ -242,17 +236,6 @@ def _import(path: str, name: str) -> object:
 @pytest.mark.parametrize(("path", "name"), SUPPORTED, ids=[f"{p}.{n}" for p, n in SUPPORTED])
 def test_lightning_import_path_exists(path: str, name: str) -> None:
     assert _import(path, name) is not None
-
-
-@pytest.mark.parametrize(
-    ("path", "name", "module_file"), PENDING_OTHER_HELPERS, ids=[f"{p}.{n}" for p, n, _ in PENDING_OTHER_HELPERS]
-)
-def test_pending_names_import_once_their_module_exists(path: str, name: str, module_file: str) -> None:
-    if (REPO / module_file).exists():
-        assert _import(path, name) is not None
-    else:
-        with pytest.raises(ImportError):
-            _import(path, name)
 
 
 @pytest.mark.parametrize(("path", "name"), XLA_LATER, ids=[f"{p}.{n}" for p, n in XLA_LATER])

@@ -1,5 +1,5 @@
 """Lightning Fabric's import path ``plugins.io`` (a re-export)."""
 
-from fabric.io import CheckpointIO, TorchCheckpointIO
+from fabric.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
 
-__all__ = ["CheckpointIO", "TorchCheckpointIO"]
+__all__ = ["AsyncCheckpointIO", "CheckpointIO", "TorchCheckpointIO"]

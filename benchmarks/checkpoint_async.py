@@ -1,0 +1,158 @@
+"""Asynchronous saves: how long `fabric.save` blocks the loop with AsyncCheckpointIO, against a synchronous save.
+
+The state is a model of about --size-mb MB of float32 parameters (square Linear layers) with AdamW after one
+step, so the checkpoint holds about 3x that (weights, exp_avg, exp_avg_sq). Each worker is a fresh process that
+builds the state, then saves it --saves times, taking a training step before each save (so the weights change,
+as in a real loop), and times each save. Contenders:
+  torch.save + fsync   torch.save({'model': sd, 'optimizer': sd, 'step': i}, f), flush, os.fsync (the durable baseline)
+  fabric sync          fabric.save with the default TorchCheckpointIO (temporary file, fsync, rename)
+  fabric async         fabric.save with AsyncCheckpointIO: the time the call blocks; "written" is the time until
+                       fabric.barrier() returns, i.e. until the background write is on disk
+The two synchronous contenders run in the same process, alternating (which goes first alternates too): how long
+an fsync takes depends on what else the machine writes, and pairing them cancels most of that. Workers keep torch's
+default number of threads, as a training process would: the async snapshot copies with up to that many threads.
+The first async save allocates its CPU copy buffers; later saves refill them, so "first" and "later" async saves are
+reported apart. Targets: (a) an async save blocks at most 0.10x a synchronous fabric.save (later saves, the steady
+state of a training run); (b) a synchronous fabric.save within 1.10x of torch.save + fsync. Contenders run
+round-robin, a fresh process per mode (sync, async) and round, all writing into one temporary directory (--dir).
+
+Run:  python benchmarks/checkpoint_async.py [--rounds 5] [--size-mb 170] [--saves 3] [--dir /tmp]
+      python benchmarks/checkpoint_async.py --smoke     # 1 round, 16 MB, 2 saves: does it run?
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import Row, check_target, contenders, emit, print_table, run_json
+
+WIDTH = 2048  # one Linear(WIDTH, WIDTH) holds 16.8 MB of float32 weights and bias
+TARGET_BLOCKING = 0.10
+TARGET_SYNC = 1.10
+MODES = ("sync", "async")  # "sync" times torch.save + fsync and fabric's synchronous save alternately
+
+
+def _state(size_mb: float) -> tuple[Any, Any]:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    per_layer = (WIDTH * WIDTH + WIDTH) * 4 / 2**20
+    model = nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(max(1, round(size_mb / per_layer)))))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def _step(model: Any, optimizer: Any) -> None:
+    import torch
+
+    model(torch.randn(4, WIDTH)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _raw_save(model: Any, optimizer: Any, path: Path, step: int) -> None:
+    import torch
+
+    with path.open("wb") as handle:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def worker(mode: str, folder: str, size_mb: float, saves: int) -> None:
+    """Fresh process: build the state, save it `saves` times (a step before each); print the timings as JSON."""
+
+    from fabric import AsyncCheckpointIO, Fabric
+
+    model, optimizer = _state(size_mb)
+    fabric = Fabric(accelerator="cpu", devices=1, plugins=[AsyncCheckpointIO()] if mode == "async" else None)
+    model, optimizer = fabric.setup(model, optimizer)
+    times: dict[str, list[float]] = {"raw": [], "blocked": [], "written": []}
+    path = Path(folder) / f"{mode}.pt"
+    for i in range(saves):
+        _step(model, optimizer)
+        if mode == "sync" and i % 2 == 0:
+            start = time.perf_counter()
+            _raw_save(model, optimizer, Path(folder) / "raw.pt", i)
+            times["raw"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        fabric.save(path, {"model": model, "optimizer": optimizer, "step": i})
+        times["blocked"].append(time.perf_counter() - start)
+        fabric.barrier()  # waits for the background write (nothing to wait for after a synchronous save)
+        times["written"].append(time.perf_counter() - start)
+        if mode == "sync" and i % 2 == 1:
+            start = time.perf_counter()
+            _raw_save(model, optimizer, Path(folder) / "raw.pt", i)
+            times["raw"].append(time.perf_counter() - start)
+    n_params = sum(p.numel() for p in model.parameters())
+    emit({**times, "param_mb": n_params * 4 / 2**20, "file_mb": path.stat().st_size / 2**20})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds (a fresh process per contender)")
+    parser.add_argument("--size-mb", type=float, default=170, help="float32 parameter MB (checkpoint ~3x)")
+    parser.add_argument("--saves", type=int, default=3, help="saves per process (the first async one is cold)")
+    parser.add_argument("--dir", help="where the checkpoints go (default: the system temporary directory)")
+    parser.add_argument("--peer-python", help=argparse.SUPPRESS)  # run_all passes it; no peer has async saves
+    parser.add_argument("--smoke", action="store_true", help="1 round, 16 MB, 2 saves")
+    parser.add_argument("--worker", nargs=4, metavar=("MODE", "DIR", "MB", "SAVES"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        mode, folder, size, saves = args.worker
+        worker(mode, folder, float(size), int(saves))
+        return 0
+    if args.smoke:
+        args.rounds, args.size_mb, args.saves = 1, 16, 2
+    contenders("torch.save + fsync", None)  # prints the machine line
+    tmp = Path(tempfile.mkdtemp(prefix="fabric-async-bench-", dir=args.dir))
+    samples: dict[str, list[float]] = {key: [] for key in ("raw", "sync", "async_first", "async_later", "written")}
+    sizes: tuple[float, float] = (0.0, 0.0)
+    try:
+        for r in range(args.rounds):
+            for mode in MODES[r % 2 :] + MODES[: r % 2]:
+                cmd = [__file__, "--worker", mode, str(tmp), str(args.size_mb), str(args.saves)]
+                data, _ = run_json(sys.executable, cmd)
+                if mode == "async":
+                    samples["async_first"].append(data["blocked"][0])
+                    samples["async_later"] += data["blocked"][1:]
+                    samples["written"] += data["written"][1:]
+                else:
+                    samples["raw"] += data["raw"]
+                    samples["sync"] += data["blocked"]
+                sizes = (data["param_mb"], data["file_mb"])
+        _report(samples, sizes, args)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def _report(samples: dict[str, list[float]], sizes: tuple[float, float], args: argparse.Namespace) -> None:
+    print(f"\nstate: {sizes[0]:.0f} MB float32 parameters + AdamW state; checkpoint file {sizes[1]:.0f} MB")
+    runs = f"{args.rounds} rounds x {args.saves} saves, a fresh process per mode and round"
+    print_table(f"Synchronous save: time, {runs} (the two alternate in one process)", [
+        Row("torch.save + fsync", samples["raw"]),
+        Row("fabric sync", samples["sync"], samples["raw"], "temporary file, fsync, rename"),
+    ], "ms", 1e3)  # fmt: skip
+    print_table(f"Time fabric.save blocks the loop, {runs}", [
+        Row("fabric sync", samples["sync"]),
+        Row("fabric async, first save", samples["async_first"], samples["sync"], "allocates the CPU copy"),
+        Row("fabric async, later saves", samples["async_later"], samples["sync"], "refills the CPU copy"),
+        Row("fabric async, until written", samples["written"], samples["sync"], "save + barrier()"),
+    ], "ms", 1e3)  # fmt: skip
+    check_target("fabric.save (sync) vs torch.save + fsync", samples["sync"], samples["raw"], TARGET_SYNC)
+    check_target("async fabric.save blocking (later saves) vs sync fabric.save", samples["async_later"],
+                 samples["sync"], TARGET_BLOCKING)  # fmt: skip
+    check_target("async fabric.save blocking (first save) vs sync fabric.save", samples["async_first"],
+                 samples["sync"], TARGET_BLOCKING)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

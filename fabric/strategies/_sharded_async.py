@@ -1,0 +1,126 @@
+"""Sharded checkpoints saved in the background: torch.distributed.checkpoint's async_save plus the atomic swap.
+
+Each rank copies its shards to CPU memory (DCP's stager) and returns; DCP writes them into the staging directory
+in a thread, then the CheckpointIO's background job waits for that write and rank 0 swaps the directory into
+place, exactly as a synchronous sharded save does. torch.distributed.checkpoint is imported inside the methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from fabric.strategies import _sharded_files as files
+from fabric.strategies import _sharded_state as states
+
+if TYPE_CHECKING:
+    from fabric.io.checkpoint_io import CheckpointIO
+
+
+class AsyncShardedSaver:
+    """What background sharded saves keep between saves: their own process group and the CPU staging buffers."""
+
+    def __init__(self) -> None:
+        self._group: Any = None
+        self._group_world: Any = None  # the default group `_group` was created in
+        self._stager: Any = None
+
+    def save(
+        self,
+        path: str | Path,
+        state: dict[str, Any],
+        filter: dict[str, Callable[[str, Any], bool]] | None,
+        checkpoint_io: CheckpointIO,
+        global_rank: int,
+        barrier: Callable[[], None],
+        timeout: timedelta,
+        pinned: bool,
+    ) -> None:
+        """Copy this rank's shards and return; `checkpoint_io` runs the write and the swap in the background."""
+        from torch.distributed.checkpoint import FileSystemWriter, async_save
+
+        from fabric.strategies._sharded_checkpoint import _reported
+
+        path = Path(path)
+        # The previous save may still write into the staging directory this one starts by emptying.
+        checkpoint_io.wait()
+        if path.is_file():
+            raise FileExistsError(
+                f"save({str(path)!r}): a file exists at this path, and a sharded checkpoint is a directory. Choose "
+                "another path, or remove the file first."
+            )
+        converted = states.convert("save", state, filter, full=False)
+        if global_rank == 0:
+            files.prepare_staging(path)
+        barrier()
+        group = self._process_group(timeout) if dist.is_initialized() else None
+        try:
+            with _reported("save", path, "copying"):
+                future = async_save(
+                    converted,
+                    storage_writer=FileSystemWriter(files.staging_dir(path)),
+                    process_group=group,
+                    no_dist=group is None,
+                    async_stager=self._staging(pinned),
+                )
+        except BaseException:
+            if global_rank == 0:
+                files.discard_staging(path)
+            raise
+        assert isinstance(future, Future), "without async staging, async_save returns one Future"
+        checkpoint_io.submit(path, lambda: _finish(path, future, global_rank, group))
+
+    def _process_group(self, timeout: timedelta) -> Any:
+        """A gloo group for DCP's collectives in the writing thread, apart from the training's collectives.
+
+        Two threads issuing collectives on one group can interleave them differently on each rank and hang.
+        Created on the first save, which every rank makes, in the same order.
+        """
+        if self._group is None or self._group_world is not dist.group.WORLD:
+            self._group = dist.new_group(backend="gloo", timeout=timeout)
+            self._group_world = dist.group.WORLD
+        return self._group
+
+    def _staging(self, pinned: bool) -> Any:
+        """One stager for all saves: it keeps its CPU (pinned, with CUDA) copies and refills them next time."""
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            options = StagingOptions(
+                use_pinned_memory=pinned, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=pinned
+            )
+            self._stager = DefaultStager(options)
+        return self._stager
+
+    def close(self) -> None:
+        """Free the staging buffers and forget the process group (destroyed with the default group)."""
+        if self._stager is not None:
+            self._stager.close()
+        self._stager = None
+        self._group = self._group_world = None
+
+
+def _finish(path: Path, future: Future, global_rank: int, group: Any) -> None:
+    """In the background, on every rank: wait for DCP's write, then rank 0 swaps the directory into place."""
+    from fabric.strategies._sharded_checkpoint import _reported
+
+    try:
+        try:
+            # DCP gathers every rank's write result, so a failure on any rank is raised here on all of them.
+            with _reported("save", path, "writing"):
+                future.result()
+        except BaseException:
+            if global_rank == 0:
+                files.discard_staging(path)
+            raise
+        if global_rank == 0:
+            files.swap_into_place(path)
+    finally:
+        # Every rank's wait() returns only after the swap: a load right after it reads the new checkpoint.
+        if group is not None:
+            dist.barrier(group=group)
