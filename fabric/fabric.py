@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import inspect
 import warnings
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
@@ -15,7 +14,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric import _collectives, _lightning_module
+from fabric import _collectives, _lightning_module, _setup
 from fabric._connector import connect
 from fabric._hooks import call_hook
 from fabric.accelerators.accelerator import Accelerator
@@ -33,15 +32,12 @@ from fabric.wrappers import (
     _FabricOptimizer,
     _module_dtype,
     _uncompiled,
-    is_wrapped,
     unwrap_objects,
 )
 
 if TYPE_CHECKING:
     # torch.utils.data is only needed once loaders are set up; importing it eagerly costs ~70 ms.
     from torch.utils.data import DataLoader
-
-    from fabric._dataloader import _FabricDataLoader
 
 
 class Fabric:
@@ -65,8 +61,8 @@ class Fabric:
     ) -> None:
         # _under_cli: `fabric run` started this process, so the processes exist and launch() is optional.
         self._strategy, self._under_cli = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
-        self._callbacks = _as_list(callbacks)
-        self._loggers = _as_list(loggers)
+        self._callbacks = _setup.as_list(callbacks)
+        self._loggers = _setup.as_list(loggers)
         # _launched: this process's environment is set up. _launch_called: the user called launch().
         self._launched = False
         self._launch_called = False
@@ -143,7 +139,7 @@ class Fabric:
         launcher = self._strategy.launcher
         self._launch_called = True
         if function is not None:
-            _check_launch_function(function, args, kwargs)
+            _setup.check_launch_function(function, args, kwargs)
         elif launcher is not None and not launcher.continues_script:
             raise FabricTypeError(
                 f"fabric.launch(): strategy {type(self._strategy).__name__} starts new processes that run a "
@@ -207,11 +203,11 @@ class Fabric:
     ) -> Any:
         """Set up a model and its optimizers; returns the model, or (model, *optimizers[, scheduler])."""
         self._validate_launched("setup")
-        self._check_not_wrapped(module, "setup")
+        _setup.check_not_wrapped(module, "setup")
         for opt in optimizers:
-            self._check_not_wrapped(opt, "setup")
+            _setup.check_not_wrapped(opt, "setup")
         if scheduler is not None:
-            self._check_scheduler(scheduler, optimizers)
+            _setup.check_scheduler(scheduler, optimizers, self._strategy)
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
@@ -228,7 +224,7 @@ class Fabric:
     def setup_module(self, module: Module, move_to_device: bool = True, _reapply_compile: bool = True) -> _FabricModule:
         """Set up a model alone (call before creating optimizers for sharded strategies)."""
         self._validate_launched("setup_module")
-        self._check_not_wrapped(module, "setup_module")
+        _setup.check_not_wrapped(module, "setup_module")
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
@@ -250,7 +246,7 @@ class Fabric:
             raise FabricTypeError("fabric.setup_optimizers(): no optimizer was passed. Pass at least one optimizer.")
         wrapped = []
         for opt in optimizers:
-            self._check_not_wrapped(opt, "setup_optimizers")
+            _setup.check_not_wrapped(opt, "setup_optimizers")
             wrapped.append(_FabricOptimizer(self._strategy.setup_optimizer(opt), self._strategy, self._callbacks))
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
@@ -261,32 +257,10 @@ class Fabric:
         self._validate_launched("setup_dataloaders")
         if not dataloaders:
             raise FabricTypeError("fabric.setup_dataloaders(): no DataLoader was passed. Pass at least one.")
-        loaders = [self._setup_dataloader(d, use_distributed_sampler, move_to_device) for d in dataloaders]
+        loaders = [
+            _setup.setup_dataloader(self._strategy, d, use_distributed_sampler, move_to_device) for d in dataloaders
+        ]
         return loaders[0] if len(loaders) == 1 else loaders
-
-    def _setup_dataloader(self, loader: Any, use_sampler: bool, move: bool) -> _FabricDataLoader:
-        from torch.utils.data import DataLoader
-
-        from fabric._dataloader import _FabricDataLoader
-        from fabric.utilities.data import add_worker_init_fn
-        from fabric.utilities.seed import current_seed_config
-
-        if isinstance(loader, _FabricDataLoader):
-            raise FabricValueError(
-                "fabric.setup_dataloaders(): this DataLoader was already set up. Pass the original loader once."
-            )
-        if not isinstance(loader, DataLoader):
-            raise FabricTypeError(
-                f"fabric.setup_dataloaders({type(loader).__name__}): expected a torch.utils.data.DataLoader. "
-                "Wrap your dataset in DataLoader(dataset, batch_size=...) first."
-            )
-        if use_sampler:
-            loader = self._strategy.process_dataloader(loader)
-        seed, seed_workers = current_seed_config()
-        if seed_workers and seed is not None:
-            loader = add_worker_init_fn(loader, rank=self.global_rank)
-        device = self.device if move and self.device.type != "cpu" else None
-        return _FabricDataLoader(loader, device=device, move_fn=move_to_device if device is not None else None)
 
     def _wrap_module(self, forward_module: Module, original: Module, moved: bool) -> _FabricModule:
         state = self._backward_state if self._strategy.precision.requires_fabric_backward else None
@@ -297,27 +271,6 @@ class Fabric:
         update_device_dtype(wrapped, device=device)
         wrapped._dtype = _module_dtype(original)
         return wrapped
-
-    def _check_scheduler(self, scheduler: Any, optimizers: tuple[Optimizer, ...]) -> None:
-        if not optimizers:
-            raise FabricValueError(
-                f"fabric.setup(model, scheduler={type(scheduler).__name__}): a scheduler needs its optimizer. "
-                "Pass them together: fabric.setup(model, optimizer, scheduler=scheduler)."
-            )
-        if self._strategy.requires_joint_setup:
-            raise FabricValueError(
-                f"fabric.setup(..., scheduler={type(scheduler).__name__}): strategy {type(self._strategy).__name__} "
-                "cannot drive an LR scheduler inside its engine in fabric. Leave scheduler= out and call "
-                "scheduler.step() yourself after optimizer.step()."
-            )
-
-    @staticmethod
-    def _check_not_wrapped(obj: Any, method: str) -> None:
-        if is_wrapped(obj):
-            raise FabricValueError(
-                f"fabric.{method}({type(obj).__name__}): this object was already set up by fabric. Set each "
-                "model and optimizer up once, and keep using the object that setup returned."
-            )
 
     # -- training step --------------------------------------------------------------------------
     def backward(self, tensor: Tensor, *args: Any, model: _FabricModule | None = None, **kwargs: Any) -> None:
@@ -485,7 +438,7 @@ class Fabric:
         """Log several metrics to every logger (from global rank 0 only)."""
         if not self._loggers or not self.is_global_zero:
             return
-        values = {k: _scalar(k, v) for k, v in metrics.items()}
+        values = {k: _setup.scalar(k, v) for k, v in metrics.items()}
         for logger in self._loggers:
             logger.log_metrics(values, step=step)
 
@@ -495,38 +448,5 @@ class Fabric:
         return _seed_everything(seed, workers=True if workers is None else workers, verbose=verbose)
 
 
-def _scalar(name: str, value: Any) -> Any:
-    """A logged tensor as a Python number; loggers store numbers, not tensors."""
-    if not isinstance(value, Tensor):
-        return value
-    if value.numel() != 1:
-        raise FabricValueError(
-            f"fabric.log({name!r}, tensor of shape {list(value.shape)}): a metric must be one number, but this "
-            f"tensor holds {value.numel()} values. Reduce it first, e.g. value.mean(), or log each element by name."
-        )
-    return value.item()
-
-
-def _as_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else [value]
-
-
 def _call_run(fabric: Fabric, run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return run(*args, **kwargs)
-
-
-def _check_launch_function(function: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    if not callable(function):
-        raise FabricTypeError(f"fabric.launch({function!r}): expected a function. Pass e.g. fabric.launch(train).")
-    try:
-        inspect.signature(function).bind(None, *args, **kwargs)
-    except TypeError:
-        name = getattr(function, "__name__", repr(function))
-        raise FabricTypeError(
-            f"fabric.launch({name}): {name}() must take the Fabric object as its first argument, followed by the "
-            f"arguments given to launch. Define it as def {name}(fabric, ...)."
-        ) from None
-    except ValueError:  # builtins without a signature: nothing to check
-        pass
