@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -12,14 +11,11 @@ from torch.nn import DataParallel, Module
 from fabric.accelerators.accelerator import Accelerator
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
-from fabric.strategies.strategy import Strategy
+from fabric.strategies._one_process import OneProcessStrategy
 from fabric.utilities.exceptions import FabricValueError
 
-if TYPE_CHECKING:
-    from torch.utils.data import DataLoader
 
-
-class DataParallelStrategy(Strategy):
+class DataParallelStrategy(OneProcessStrategy):
     """One process; `fabric.setup` wraps the model in DataParallel, which scatters every batch over the devices.
 
     There is one rank, so barrier, broadcast and all_gather are identities. all_reduce reduces over the elements
@@ -57,52 +53,12 @@ class DataParallelStrategy(Strategy):
         """The first device: the module lives there, DataParallel gathers the outputs there."""
         return self.parallel_devices[0] if self.parallel_devices else torch.device("cpu")
 
-    @property
-    def global_rank(self) -> int:
-        """Always 0: one process."""
-        return 0
-
-    @property
-    def local_rank(self) -> int:
-        """Always 0."""
-        return 0
-
-    @property
-    def node_rank(self) -> int:
-        """Always 0."""
-        return 0
-
-    @property
-    def world_size(self) -> int:
-        """Always 1: the devices are driven by one process."""
-        return 1
-
-    def setup_environment(self) -> None:
-        """Select the first device."""
-        if self.accelerator is not None:
-            self.accelerator.setup_device(self.root_device)
-
     def setup_module(self, module: Module) -> Module:
         """Wrap in DataParallel over the devices; on the one CPU device there is nothing to replicate."""
         if self.root_device.type == "cpu":
             # DataParallel on CPU would either do nothing or, on a machine with GPUs, scatter to them anyway.
             return module
         return DataParallel(module, device_ids=self.parallel_devices, output_device=self.root_device)
-
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
-        """The one process reads every batch; DataParallel splits each batch over the devices."""
-        return dataloader
-
-    def barrier(self, name: str | None = None) -> None:
-        """Nobody to wait for."""
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """The object is already everywhere."""
-        return obj
-
-    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        """One process: the tensor itself (per-replica values are already gathered by DataParallel)."""
-        return tensor
 
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
         """Reduce over the tensor's elements, in its dtype (a mean is computed in float32)."""
@@ -116,10 +72,6 @@ class DataParallelStrategy(Strategy):
         if op == "sum":
             return tensor.sum()
         return tensor.max() if op == "max" else tensor.min()
-
-    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
-        """Gradients of the replicas are summed into the module during backward; there is no later sync to skip."""
-        return nullcontext()
 
     def get_module_state_dict(self, module: Module) -> dict[str, Any]:
         """The user's module's state, without DataParallel's `module.` prefix."""

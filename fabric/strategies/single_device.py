@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -12,13 +11,10 @@ from torch.nn import Module
 from fabric.accelerators.accelerator import Accelerator
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
-from fabric.strategies.strategy import Strategy
-
-if TYPE_CHECKING:
-    from torch.utils.data import DataLoader
+from fabric.strategies._one_process import OneProcessStrategy
 
 
-class SingleDeviceStrategy(Strategy):
+class SingleDeviceStrategy(OneProcessStrategy):
     """Runs everything in this process on `device`."""
 
     def __init__(
@@ -42,54 +38,9 @@ class SingleDeviceStrategy(Strategy):
         """The one device."""
         return self._device if self._device is not None else torch.device("cpu")
 
-    @property
-    def global_rank(self) -> int:
-        """Always 0."""
-        return 0
-
-    @property
-    def local_rank(self) -> int:
-        """Always 0."""
-        return 0
-
-    @property
-    def node_rank(self) -> int:
-        """Always 0."""
-        return 0
-
-    @property
-    def world_size(self) -> int:
-        """Always 1."""
-        return 1
-
-    @property
-    def is_global_zero(self) -> bool:
-        """Always True."""
-        return True
-
-    def setup_environment(self) -> None:
-        """Select the device."""
-        if self.accelerator is not None:
-            self.accelerator.setup_device(self.root_device)
-
     def setup_module(self, module: Module) -> Module:
         """Nothing to wrap."""
         return module
-
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
-        """A single process reads the whole dataset."""
-        return dataloader
-
-    def barrier(self, name: str | None = None) -> None:
-        """Nobody to wait for."""
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """The object is already everywhere."""
-        return obj
-
-    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        """One process: the tensor itself (no added dimension, as in Lightning Fabric)."""
-        return tensor
 
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
         """One process: the tensor itself."""
@@ -97,7 +48,3 @@ class SingleDeviceStrategy(Strategy):
 
         check_reduce_op(reduce_op)
         return tensor
-
-    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
-        """No gradients to synchronise."""
-        return nullcontext()
