@@ -34,7 +34,7 @@ def median_iqr(values: Sequence[float]) -> tuple[float, float]:
     """Median and inter-quartile range (q3 - q1) of `values`."""
     if len(values) < 2:
         return (values[0], 0.0) if values else (float("nan"), 0.0)
-    q1, _, q3 = statistics.quantiles(values, n=4)
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return statistics.median(values), q3 - q1
 
 
@@ -142,7 +142,8 @@ def _source_revision() -> str:
 
 def p10(values: Sequence[float]) -> float:
     """10th percentile: on a shared machine, the samples least disturbed by other processes."""
-    return statistics.quantiles(values, n=10)[0] if len(values) >= 2 else values[0]
+    # inclusive: interpolate between samples; the default extrapolates past them (negative times for 2 samples).
+    return statistics.quantiles(values, n=10, method="inclusive")[0] if len(values) >= 2 else values[0]
 
 
 def _vs(value: float, base: float) -> str:

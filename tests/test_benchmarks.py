@@ -146,3 +146,13 @@ def test_chart_draws_one_panel_per_table_and_refuses_an_empty_output(tmp_path: P
     assert path.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="no table with a ratio to raw PyTorch"):
         chart.draw(chart.parse_tables("machine: nothing ran"), tmp_path / "none.png")
+
+
+def test_percentiles_of_few_samples_stay_within_the_samples() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        from _common import median_iqr, p10
+    finally:
+        sys.path.pop(0)
+    assert 100.0 <= p10([100.0, 200.0]) <= 200.0  # the default quantile method gave a negative time here
+    assert median_iqr([100.0, 200.0]) == (150.0, 50.0)
