@@ -133,8 +133,8 @@ def test_chart_reads_back_printed_tables_with_peers_and_the_noise_band(
     points, band = chart.chart_points(table)
     assert [p.label for p in points] == ["fabric", "lightning_fabric (peer)", "raw torch (peer) vs raw torch"]
     assert [round(p.ratio, 3) for p in points] == [1.008, 1.5, 1.1]
-    # raw torch: quartiles 105 and 135 (statistics.quantiles), so IQR 30, half of it over the median 120.
-    assert band == pytest.approx((0.875, 1.125))
+    # raw torch: quartiles 110 and 130 (interpolated within the samples), so IQR 20, half of it over the median 120.
+    assert band == pytest.approx((1 - 10 / 120, 1 + 10 / 120))
 
 
 def test_chart_draws_one_panel_per_table_and_refuses_an_empty_output(tmp_path: Path) -> None:
