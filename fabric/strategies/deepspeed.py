@@ -5,9 +5,12 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
+import gc
 import logging
 import os
+import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack
 from datetime import timedelta
@@ -150,6 +153,12 @@ class DeepSpeedStrategy(ParallelStrategy):
             dist_init_required=False,
             timeout=self._timeout,
         )
+        if self._owns_process_group:
+            # Registered after the group's own exit hook, so it runs first (atexit is last-in, first-out). A script
+            # that never tears down leaves the engine (cycles holding the group) and DeepSpeed's cached groups
+            # alive; gloo's threads then die in interpreter finalisation and abort the rank ("terminate called
+            # without an active exception"), as the group hook alone cannot free them.
+            atexit.register(_release_at_exit, weakref.ref(self))
 
     def teardown(self) -> None:
         """Release the engine, then the process group."""
@@ -385,3 +394,13 @@ def _forget_deepspeed_groups() -> None:
     for name in ("_WORLD_GROUP", "_ZERO_PARAM_INTRA_PARALLEL_GROUP", "_DATA_PARALLEL_GROUP"):
         if groups is not None and hasattr(groups, name):
             setattr(groups, name, None)
+
+
+def _release_at_exit(strategy: weakref.ref) -> None:
+    """Tear the strategy down if the user did not; otherwise drop what DeepSpeed still holds of its group."""
+    alive = strategy()
+    if alive is not None:
+        alive.teardown()
+        return
+    _forget_deepspeed_groups()
+    gc.collect()  # the engine's reference cycles hold the group; free them while the interpreter is whole
