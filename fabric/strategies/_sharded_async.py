@@ -44,16 +44,12 @@ class AsyncShardedSaver:
         """Copy this rank's shards and return; `checkpoint_io` runs the write and the swap in the background."""
         from torch.distributed.checkpoint import FileSystemWriter, async_save
 
-        from fabric.strategies._sharded_checkpoint import _reported
+        from fabric.strategies._sharded_checkpoint import _reported, refuse_file
 
         path = Path(path)
         # The previous save may still write into the staging directory this one starts by emptying.
         checkpoint_io.wait()
-        if path.is_file():
-            raise FileExistsError(
-                f"save({str(path)!r}): a file exists at this path, and a sharded checkpoint is a directory. Choose "
-                "another path, or remove the file first."
-            )
+        refuse_file(path)
         converted = states.convert("save", state, filter, full=False)
         if global_rank == 0:
             files.prepare_staging(path)

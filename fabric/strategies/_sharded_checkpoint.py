@@ -50,26 +50,49 @@ def save_sharded(
     from torch.distributed.checkpoint import save as dcp_save
 
     path = _fsspec.local(path)
+    refuse_file(path)
+    converted = states.convert("save", state, filter, full=False)
+    _staged_save(
+        path, global_rank, barrier,
+        lambda: dcp_save(converted, storage_writer=FileSystemWriter(files.staging_dir(path)), no_dist=world_size == 1),
+        files.prepare_staging, files.discard_staging, files.swap_into_place,
+    )  # fmt: skip
+
+
+def refuse_file(path: Path) -> None:
+    """A sharded checkpoint is a directory; never replace a file with one."""
     if path.is_file():
         raise FileExistsError(
             f"save({str(path)!r}): a file exists at this path, and a sharded checkpoint is a directory. Choose "
             "another path, or remove the file first."
         )
-    converted = states.convert("save", state, filter, full=False)
+
+
+def _staged_save(
+    target: Path | str,
+    global_rank: int,
+    barrier: Callable[[], None],
+    write: Callable[[], Any],
+    prepare: Callable[[Any], Any],
+    discard: Callable[[Any], None],
+    publish: Callable[[Any], None],
+) -> None:
+    """The staging protocol of every synchronous sharded save, local or remote: rank 0 prepares the staging
+    place, all ranks write into it, and rank 0 publishes it only once every rank's write succeeded."""
     if global_rank == 0:
-        files.prepare_staging(path)
+        prepare(target)
     barrier()
     try:
-        with _quiet_single_process(), _reported("save", path, "writing"):
-            dcp_save(converted, storage_writer=FileSystemWriter(files.staging_dir(path)), no_dist=world_size == 1)
+        with _quiet_single_process(), _reported("save", target, "writing"):
+            write()
     except BaseException:
         # DCP reports a failure of any rank's write on every rank, so every rank gets here.
         if global_rank == 0:
-            files.discard_staging(path)
+            discard(target)
         raise
     barrier()
     if global_rank == 0:
-        files.swap_into_place(path)
+        publish(target)
     barrier()
 
 
@@ -131,20 +154,11 @@ def _save_sharded_remote(
     from torch.distributed.checkpoint import save as dcp_save
 
     converted = states.convert("save", state, filter, full=False)
-    if global_rank == 0:
-        remote.prepare_staging(url)
-    barrier()
-    try:
-        with _quiet_single_process(), _reported("save", url, "writing"):
-            dcp_save(converted, storage_writer=remote.writer(url), no_dist=world_size == 1)
-    except BaseException:
-        if global_rank == 0:
-            remote.discard_staging(url)
-        raise
-    barrier()
-    if global_rank == 0:
-        remote.publish(url)
-    barrier()
+    _staged_save(
+        url, global_rank, barrier,
+        lambda: dcp_save(converted, storage_writer=remote.writer(url), no_dist=world_size == 1),
+        remote.prepare_staging, remote.discard_staging, remote.publish,
+    )  # fmt: skip
 
 
 def _load_remote(
