@@ -336,7 +336,8 @@ def _torchrun(torchrun_argv: list[str]) -> int:
 
 def _read_whole(checkpoint: str, weights_only: bool) -> dict[str, Any]:
     """A torch.distributed.checkpoint directory or a DeepSpeed one, as one plain dict."""
-    from fabric.strategies import _deepspeed_checkpoint, _sharded_checkpoint
+    from fabric.checkpoint import sharded as _sharded_checkpoint
+    from fabric.strategies.deepspeed import checkpoint as _deepspeed_checkpoint
 
     if _deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint):
         return _deepspeed_checkpoint.consolidate_deepspeed(checkpoint, weights_only)

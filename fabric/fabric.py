@@ -19,8 +19,8 @@ from fabric._connector import connect
 from fabric._hooks import call_hook
 from fabric.accelerators.accelerator import Accelerator
 from fabric.accelerators.cuda import check_bf16_supported
+from fabric.checkpoint import state as _checkpoint
 from fabric.loggers.logger import Logger
-from fabric.strategies import _checkpoint
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_to_device
 from fabric.utilities.device_dtype_mixin import update_device_dtype

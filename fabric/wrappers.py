@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -14,8 +14,11 @@ from torch.optim import Optimizer
 from fabric import _forward_methods
 from fabric._dataloader import _FabricDataLoader
 from fabric.precision.precision import Precision
-from fabric.strategies.strategy import Strategy
 from fabric.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
+
+if TYPE_CHECKING:
+    # Only a type here: importing it at runtime would close the circle wrappers -> strategies -> checkpoint.
+    from fabric.strategies.strategy import Strategy
 
 
 class _BackwardState:

@@ -471,7 +471,7 @@ def test_without_cli_ddp_still_needs_launch(monkeypatch: pytest.MonkeyPatch, und
 def sharded_dir(tmp_path: Path) -> tuple[Path, torch.nn.Module]:
     import warnings
 
-    from fabric.strategies import _sharded_checkpoint
+    from fabric.checkpoint import sharded as _sharded_checkpoint
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from fabric import Fabric
+from fabric.checkpoint.state import SCALER_KEY
 from fabric.precision import MixedPrecision
-from fabric.strategies._checkpoint import SCALER_KEY
 
 STEPS, STOP = 12, 6
 

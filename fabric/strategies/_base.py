@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric.strategies import _checkpoint
+from fabric.checkpoint import state as _checkpoint
 
 if TYPE_CHECKING:
     from fabric.accelerators.accelerator import Accelerator
@@ -192,8 +192,9 @@ class _StrategyComponents:
         checkpoint directory gives its consolidated model weights and other entries, not its optimizer state.
         Unless `weights_only` is False, nothing that could run code is unpickled.
         """
+        from fabric.checkpoint import sharded as _sharded_checkpoint
         from fabric.io._load import DeviceRecorder
-        from fabric.strategies import _deepspeed_checkpoint, _sharded_checkpoint
+        from fabric.strategies.deepspeed import checkpoint as _deepspeed_checkpoint
 
         if _sharded_checkpoint.is_sharded_checkpoint(path):
             return _sharded_checkpoint.load(path, state, strict, weights_only)

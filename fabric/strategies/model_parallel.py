@@ -14,8 +14,8 @@ from fabric.accelerators.accelerator import Accelerator
 from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
-from fabric.strategies import _fsdp_utils as utils
-from fabric.strategies._fsdp_base import _FullyShardedStrategy
+from fabric.strategies.fsdp import utils
+from fabric.strategies.fsdp.base import _FullyShardedStrategy
 from fabric.strategies.parallel import DEFAULT_TIMEOUT
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 

@@ -84,7 +84,7 @@ def _materialize_distributed_module(module: Any, device: Any) -> None:
     """
     import torch
 
-    from fabric.strategies._fsdp_utils import materialize_meta_module
+    from fabric.strategies.fsdp.utils import materialize_meta_module
 
     if _has_meta_device_parameters_or_buffers(module):
         materialize_meta_module(module, torch.device(device))

@@ -43,6 +43,6 @@ def _load_distributed_checkpoint(checkpoint_folder: _PATH) -> dict[str, Any]:
     The whole checkpoint must fit in CPU memory. This is what ``fabric consolidate`` does.
     """
     # Imported here: the checkpoint machinery lives with the strategies, a layer above the utilities.
-    from fabric.strategies._sharded_checkpoint import consolidate
+    from fabric.checkpoint.sharded import consolidate
 
     return consolidate(checkpoint_folder)

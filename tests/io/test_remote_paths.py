@@ -96,7 +96,7 @@ def test_a_url_in_a_pathlib_path_is_refused(in_tmp: Path) -> None:
 
 
 def test_deepspeed_directories_refuse_urls_clearly(in_tmp: Path) -> None:
-    from fabric.strategies import _deepspeed_checkpoint
+    from fabric.strategies.deepspeed import checkpoint as _deepspeed_checkpoint
 
     with pytest.raises(ValueError, match=r"DeepSpeed checkpoints cannot be written to or read from a URL yet"):
         _deepspeed_checkpoint.consolidate_deepspeed("memory://x/ckpt")

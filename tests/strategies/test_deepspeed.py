@@ -13,8 +13,8 @@ import torch
 from fabric import Fabric
 from fabric.precision import DeepSpeedPrecision, MixedPrecision
 from fabric.strategies import STRATEGY_REGISTRY, DeepSpeedStrategy
-from fabric.strategies import _deepspeed_checkpoint as ckpt
-from fabric.strategies._deepspeed_config import get_path
+from fabric.strategies.deepspeed import checkpoint as ckpt
+from fabric.strategies.deepspeed.config import get_path
 
 
 def test_defaults_without_config_are_lightnings() -> None:

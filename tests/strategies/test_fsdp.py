@@ -17,7 +17,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from fabric import Fabric, MixedPrecision, Precision
 from fabric.precision.fsdp import FSDPPrecision, as_fsdp_precision
 from fabric.strategies import STRATEGY_REGISTRY, FSDPStrategy
-from fabric.strategies import _fsdp_utils as utils
+from fabric.strategies.fsdp import utils
 from fabric.strategies.launchers.subprocess_script import SubprocessScriptLauncher
 
 pytestmark = pytest.mark.usefixtures("no_cluster_env")

@@ -16,9 +16,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from fabric import Fabric
+from fabric.checkpoint import files as _sharded_files
+from fabric.checkpoint import sharded as sc
 from fabric.io import TorchCheckpointIO
-from fabric.strategies import _sharded_checkpoint as sc
-from fabric.strategies import _sharded_files
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

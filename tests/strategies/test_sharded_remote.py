@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from fabric import Fabric
+from fabric.checkpoint import sharded as sc
 from fabric.cli import main as cli_main
-from fabric.strategies import _sharded_checkpoint as sc
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -132,7 +132,7 @@ def test_missing_remote_shard_is_named(in_tmp: Path, memory_url: str) -> None:
 def test_a_half_published_checkpoint_points_at_the_staged_one(in_tmp: Path, memory_url: str) -> None:
     import fsspec
 
-    from fabric.strategies import _sharded_remote
+    from fabric.checkpoint import remote as _sharded_remote
 
     model, _ = _trained(0)
     _save(memory_url, {"model": model})

@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from fabric import AsyncCheckpointIO, Fabric
-from fabric.strategies._sharded_files import staging_dir
+from fabric.checkpoint.files import staging_dir
 from fabric.wrappers import unwrap_objects
 
 

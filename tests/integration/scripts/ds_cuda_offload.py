@@ -11,8 +11,8 @@ from _it_common import outdir_from_argv
 from torch import nn
 
 from fabric import Fabric
-from fabric.strategies._deepspeed_checkpoint import consolidate_deepspeed
 from fabric.strategies.deepspeed import DeepSpeedStrategy
+from fabric.strategies.deepspeed.checkpoint import consolidate_deepspeed
 
 
 def main() -> None:

@@ -78,7 +78,7 @@ def ds_run(stage: int, precision: str, rank: int, outdir: Path, as_plugin: bool 
         losses.append(loss.item())
     path = outdir / f"stage{stage}_{precision}_{as_plugin}"
     fabric.save(path, {"model": model, "optimizer": optimizer})
-    from fabric.strategies._deepspeed_checkpoint import consolidate_deepspeed
+    from fabric.strategies.deepspeed.checkpoint import consolidate_deepspeed
 
     weights = {k: v.float() for k, v in consolidate_deepspeed(path)["model"].items()}
     fabric.strategy.teardown()

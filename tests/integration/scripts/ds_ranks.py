@@ -89,7 +89,7 @@ def ds_run(stage: int, rank: int, clip: float | None, outdir: Path) -> dict[str,
         losses.append(loss.item())
     path = outdir / f"parity_stage{stage}_{clip}"
     fabric.save(path, {"model": model, "optimizer": optimizer, "step": STEPS})
-    from fabric.strategies._deepspeed_checkpoint import consolidate_deepspeed
+    from fabric.strategies.deepspeed.checkpoint import consolidate_deepspeed
 
     weights = consolidate_deepspeed(path)["model"]
     return {"losses": losses, "norms": norms, "weights": weights, "is_dir": path.is_dir()}
@@ -231,7 +231,7 @@ def single_process(outdir: Path) -> dict[str, Any]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             fabric.load(outdir / f"parity_stage{stage}_None", state)
-        from fabric.strategies._deepspeed_checkpoint import full_weights
+        from fabric.strategies.deepspeed.checkpoint import full_weights
 
         with torch.no_grad():
             x, _ = batch(0, 0)

@@ -28,8 +28,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from fabric import Fabric
-from fabric.strategies import _sharded_checkpoint as sc
-from fabric.strategies._sharded_files import staging_dir
+from fabric.checkpoint import sharded as sc
+from fabric.checkpoint.files import staging_dir
 from fabric.wrappers import unwrap_objects
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

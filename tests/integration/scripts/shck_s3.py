@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from fabric import Fabric
-from fabric.strategies import _sharded_checkpoint as sc
+from fabric.checkpoint import sharded as sc
 
 
 def make_model(seed: int) -> nn.Module:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fabric.checkpoint.safe import load_metadata
 from fabric.io._load import UnsafeCheckpointError
-from fabric.strategies._sharded_safe import load_metadata
 from fabric.utilities.exceptions import FabricValueError
 
 METADATA_FILE = ".metadata"  # the name torch.distributed.checkpoint's FileSystemWriter gives it

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fabric.checkpoint import files
+from fabric.checkpoint.safe import load_metadata
 from fabric.io import _fsspec
 from fabric.io._load import UnsafeCheckpointError
-from fabric.strategies import _sharded_files as files
-from fabric.strategies._sharded_safe import load_metadata
 from fabric.utilities.exceptions import FabricValueError
 
 

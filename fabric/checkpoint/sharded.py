@@ -14,13 +14,11 @@ from typing import IO, TYPE_CHECKING, Any
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric.checkpoint import files, remote, safe
+from fabric.checkpoint import sharded_state as states
+from fabric.checkpoint.state import place_plain, unwrap
 from fabric.io import _fsspec
 from fabric.io._load import DeviceRecorder, UnsafeCheckpointError, torch_load
-from fabric.strategies import _sharded_files as files
-from fabric.strategies import _sharded_remote as remote
-from fabric.strategies import _sharded_safe as safe
-from fabric.strategies import _sharded_state as states
-from fabric.strategies._checkpoint import place_plain, unwrap
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:

@@ -9,12 +9,11 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric.utilities.exceptions import FabricTypeError
+from fabric.wrappers import unwrap_objects
 
 
 def unwrap(obj: Any) -> Any:
     """The user's own module or optimizer behind fabric's wrappers."""
-    from fabric.wrappers import unwrap_objects
-
     return unwrap_objects(obj)
 
 

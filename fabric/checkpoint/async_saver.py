@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from fabric.strategies import _sharded_files as files
-from fabric.strategies import _sharded_state as states
+from fabric.checkpoint import files
+from fabric.checkpoint import sharded_state as states
 
 if TYPE_CHECKING:
     from fabric.io.checkpoint_io import CheckpointIO
@@ -44,7 +44,7 @@ class AsyncShardedSaver:
         """Copy this rank's shards and return; `checkpoint_io` runs the write and the swap in the background."""
         from torch.distributed.checkpoint import FileSystemWriter, async_save
 
-        from fabric.strategies._sharded_checkpoint import _reported, refuse_file
+        from fabric.checkpoint.sharded import _reported, refuse_file
 
         path = Path(path)
         # The previous save may still write into the staging directory this one starts by emptying.
@@ -103,7 +103,7 @@ class AsyncShardedSaver:
 
 def _finish(path: Path, future: Future, global_rank: int, group: Any) -> None:
     """In the background, on every rank: wait for DCP's write, then rank 0 swaps the directory into place."""
-    from fabric.strategies._sharded_checkpoint import _reported
+    from fabric.checkpoint.sharded import _reported
 
     try:
         try:

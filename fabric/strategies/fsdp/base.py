@@ -16,12 +16,12 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric.accelerators.accelerator import Accelerator
+from fabric.checkpoint.async_saver import AsyncShardedSaver
 from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.fsdp import as_fsdp_precision, check_fsdp_precision
 from fabric.precision.precision import Precision
-from fabric.strategies import _fsdp_utils as utils
-from fabric.strategies._sharded_async import AsyncShardedSaver
+from fabric.strategies.fsdp import utils
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
@@ -193,7 +193,7 @@ class _FullyShardedStrategy(ParallelStrategy):
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
         """Every rank takes part: a sharded folder (each rank its shards) or one full file written by rank 0."""
-        from fabric.strategies import _sharded_checkpoint
+        from fabric.checkpoint import sharded as _sharded_checkpoint
 
         if storage_options is not None:
             raise FabricTypeError(
@@ -226,7 +226,7 @@ class _FullyShardedStrategy(ParallelStrategy):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Every rank reads a sharded folder or a full file into `state` in place; returns what was not consumed."""
-        from fabric.strategies import _sharded_checkpoint
+        from fabric.checkpoint import sharded as _sharded_checkpoint
 
         return _sharded_checkpoint.load(path, state, strict, weights_only)
 

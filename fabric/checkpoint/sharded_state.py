@@ -10,8 +10,8 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric.strategies import _checkpoint
-from fabric.strategies._checkpoint import unwrap
+from fabric.checkpoint import state as _checkpoint
+from fabric.checkpoint.state import unwrap
 from fabric.utilities.exceptions import FabricValueError
 
 

@@ -26,7 +26,7 @@ from fabric.accelerators.accelerator import Accelerator
 from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
-from fabric.strategies import _deepspeed_config as cfg
+from fabric.strategies.deepspeed import config as cfg
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
@@ -283,7 +283,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         self, module: Module, optimizer: Optimizer, max_norm: float, norm_type: float, error_if_nonfinite: bool
     ) -> Tensor:
         """Clip the global norm over all shards at the next step; returns that norm."""
-        from fabric.strategies._deepspeed_clip import clip_next_step
+        from fabric.strategies.deepspeed.clip import clip_next_step
 
         engine = self._require_engine("fabric.clip_gradients(max_norm=...)")
         norm, pending = clip_next_step(engine, max_norm, norm_type, error_if_nonfinite)
@@ -311,7 +311,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
         """Every rank writes its shard of DeepSpeed's native checkpoint directory, atomically."""
-        from fabric.strategies import _deepspeed_state
+        from fabric.strategies.deepspeed import state as _deepspeed_state
 
         if storage_options is not None:
             raise FabricTypeError(
@@ -331,7 +331,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Restore from a DeepSpeed directory; `state=None` returns it consolidated; a module loads full weights."""
-        from fabric.strategies import _deepspeed_checkpoint, _deepspeed_state
+        from fabric.strategies.deepspeed import checkpoint as _deepspeed_checkpoint
+        from fabric.strategies.deepspeed import state as _deepspeed_state
 
         if state is None:
             return _deepspeed_checkpoint.consolidate_deepspeed(path, weights_only)
@@ -350,7 +351,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         )
 
     def _read_full_weights(self, path: str | Path, weights_only: bool | None) -> dict[str, Any]:
-        from fabric.strategies import _deepspeed_checkpoint
+        from fabric.strategies.deepspeed import checkpoint as _deepspeed_checkpoint
 
         if _deepspeed_checkpoint.is_deepspeed_checkpoint(path):
             return _deepspeed_checkpoint.full_weights(path, weights_only=weights_only)

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric.checkpoint import files
+from fabric.checkpoint import state as _checkpoint
 from fabric.io._fsspec import local_only
-from fabric.strategies import _checkpoint
-from fabric.strategies import _deepspeed_checkpoint as ckpt
-from fabric.strategies import _sharded_files as files
+from fabric.strategies.deepspeed import checkpoint as ckpt
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:

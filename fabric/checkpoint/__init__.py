@@ -1,0 +1,1 @@
+"""Checkpoint machinery below the strategies: state dictionaries, sharded directories, safe loading."""
