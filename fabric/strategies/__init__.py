@@ -4,6 +4,8 @@ from fabric.registry import Registry
 from fabric.strategies.ddp import DDPStrategy
 from fabric.strategies.deepspeed import DeepSpeedStrategy
 from fabric.strategies.dp import DataParallelStrategy
+from fabric.strategies.fairscale import DDPShardedStrategy
+from fabric.strategies.fairscale._sharded import fairscale_fsdp_requested
 from fabric.strategies.fsdp import FSDPStrategy
 from fabric.strategies.model_parallel import ModelParallelStrategy
 from fabric.strategies.parallel import ParallelStrategy
@@ -44,9 +46,17 @@ _DEEPSPEED_VARIANTS: dict[str, tuple[str, dict]] = {
 }  # fmt: skip
 for _name, (_what, _kwargs) in _DEEPSPEED_VARIANTS.items():
     STRATEGY_REGISTRY.register(_name, DeepSpeedStrategy, _what, **_kwargs)
+# Lightning Fabric 1.9's names for fairscale (legacy, `torchfabric[fairscale]`); fairscale is imported on use.
+STRATEGY_REGISTRY.register("ddp_sharded", DDPShardedStrategy, "fairscale OSS + ShardedDataParallel (legacy)")
+STRATEGY_REGISTRY.register(
+    "ddp_sharded_spawn", DDPShardedStrategy, "ddp_sharded with spawned processes", start_method="spawn"
+)
+# Lightning 1.x Trainer's name for fairscale's FSDP: registered so that asking for it explains what to use instead.
+STRATEGY_REGISTRY.register("ddp_fully_sharded", fairscale_fsdp_requested, "fairscale's FSDP: not offered, use fsdp")
 
 __all__ = [
     "STRATEGY_REGISTRY",
+    "DDPShardedStrategy",
     "DDPStrategy",
     "DataParallelStrategy",
     "DeepSpeedStrategy",
