@@ -93,6 +93,15 @@ def test_bf16_mixed_matches_ddp_under_autocast(outdir: Path) -> None:
         assert _max_diff(result["sharded_bf16"]["weights"], result["sharded_adamw"]["weights"]) > 0.0  # bf16 ran
 
 
+def test_16_mixed_with_a_sharded_scaler_matches_ddp_with_a_grad_scaler(outdir: Path) -> None:
+    # float16 autocast on the CPU with the loss scaled: OSS's step goes through torch's ShardedGradScaler.
+    for rank, result in enumerate(_check(outdir, "parity")):
+        assert result["sharded_fp16"]["losses"] == result["ddp_fp16"]["losses"], f"rank {rank}"
+        assert _max_diff(result["sharded_fp16"]["weights"], result["ddp_fp16"]["weights"]) == 0.0, f"rank {rank}"
+        assert _max_diff(result["sharded_fp16"]["weights"], result["sharded_adamw"]["weights"]) > 0.0
+        assert result["fp16_scale"] == 2.0**16  # the scaler ran (and saw no overflow in these steps)
+
+
 def test_lr_scheduler_made_before_setup_steers_the_sharded_optimizer(outdir: Path) -> None:
     for result in _check(outdir, "scheduler"):
         assert result["sharded"]["lr"] == result["ddp"]["lr"] == pytest.approx(0.1 * 0.5**4)

@@ -20,9 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from _it_common import outdir_from_argv
-from torch import nn
+from torch import Tensor, nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from fabric import Fabric
+from fabric.precision import MixedPrecision
 from fabric.strategies.fairscale import DDPShardedStrategy
 
 STEPS = 4
@@ -74,24 +76,45 @@ def train(
     return {"losses": losses, "norms": norms}
 
 
+class _Scaled:
+    """A plain optimizer stepped through torch's GradScaler, as a raw float16 AMP loop does."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer, self.scaler = optimizer, torch.amp.GradScaler("cpu")
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def step(self) -> None:
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+
 def ddp_run(rank: int, optimizer_name: str = "adamw", **options: Any) -> dict[str, Any]:
     """The reference: torch's DDP and a plain optimizer on the same group, data and seed."""
     model = nn.parallel.DistributedDataParallel(make_model())
     optimizer = OPTIMIZERS[optimizer_name](model.parameters())
     clip = (lambda: nn.utils.clip_grad_norm_(model.parameters(), options["clip"])) if "clip" in options else None
-    bf16 = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if options.get("bf16") else None
+    dtype = options.get("autocast")
+    autocast = (lambda: torch.autocast("cpu", dtype=dtype)) if dtype is not None else None
     no_sync = model.no_sync if options.get("accumulate") else None
-    result = train(model, optimizer, rank, lambda loss: loss.backward(), clip, no_sync, bf16)
+    stepper: Any = _Scaled(optimizer) if dtype == torch.float16 else optimizer
+    backward = (lambda loss: stepper.scaler.scale(loss).backward()) if dtype == torch.float16 else Tensor.backward
+    result = train(model, stepper, rank, backward, clip, no_sync, autocast)
     return {**result, "weights": weights(model.module), "optimizer": optimizer.state_dict()}
 
 
-def fabric_for(precision: str = "32-true", **kwargs: Any) -> Fabric:
-    fabric = Fabric(accelerator="cpu", devices=2, strategy=DDPShardedStrategy(**kwargs), precision=precision)
+def fabric_for(precision: Any = "32-true", **kwargs: Any) -> Fabric:
+    plugins = [precision] if isinstance(precision, MixedPrecision) else None
+    precision = None if plugins else precision
+    fabric = Fabric(
+        accelerator="cpu", devices=2, strategy=DDPShardedStrategy(**kwargs), precision=precision, plugins=plugins
+    )
     fabric.launch()
     return fabric
 
 
-def sharded_run(rank: int, optimizer_name: str = "adamw", precision: str = "32-true", **options: Any) -> dict[str, Any]:
+def sharded_run(rank: int, optimizer_name: str = "adamw", precision: Any = "32-true", **options: Any) -> dict[str, Any]:
     fabric = fabric_for(precision, **options.pop("strategy", {}))
     model = make_model()
     model, optimizer = fabric.setup(model, OPTIMIZERS[optimizer_name](model.parameters()))
@@ -127,8 +150,13 @@ def parity(rank: int, outdir: Path) -> dict[str, Any]:
     result["buckets_accumulate"] = sharded_run(rank, accumulate=True, strategy={"reduce_buffer_size": 2**23})
     result["ddp_clip"] = ddp_run(rank, clip=0.05)
     result["sharded_clip"] = sharded_run(rank, clip=0.05)
-    result["ddp_bf16"] = ddp_run(rank, bf16=True)
+    result["ddp_bf16"] = ddp_run(rank, autocast=torch.bfloat16)
     result["sharded_bf16"] = sharded_run(rank, precision="bf16-mixed")
+    # float16 AMP with a loss scaler: the sharded scaler agrees across ranks on skipping a step with inf gradients.
+    result["ddp_fp16"] = ddp_run(rank, autocast=torch.float16)
+    scaled = MixedPrecision("16-mixed", "cpu", scaler=ShardedGradScaler("cpu"))
+    result["sharded_fp16"] = sharded_run(rank, precision=scaled, strategy={"reduce_buffer_size": 2**23})
+    result["fp16_scale"] = scaled.scaler.get_scale()
     return result
 
 
