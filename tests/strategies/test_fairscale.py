@@ -49,7 +49,7 @@ def _one_rank(**kwargs: Any) -> Fabric:
 
 def _step(fabric: Fabric, model: Any, optimizer: Any) -> torch.Tensor:
     optimizer.zero_grad()
-    loss = model(torch.ones(3, 4)).sum()
+    loss = model(torch.ones(3, 4, device=fabric.device)).sum()
     fabric.backward(loss)
     optimizer.step()
     return loss
@@ -240,3 +240,32 @@ def test_reduce_buffer_size_defaults_to_lightnings(no_cluster_env: None, monkeyp
     model = _model()
     strategy.setup_module_and_optimizers(model, [torch.optim.SGD(model.parameters(), lr=0.1)])
     assert seen[-1] == 123
+
+
+def test_gathered_optimizer_state_is_not_kept_by_oss(no_cluster_env: None, tmp_path: Any) -> None:
+    fabric = _one_rank()
+    model = _model()
+    model, optimizer = fabric.setup(model, torch.optim.Adam(model.parameters(), lr=0.01))
+    _step(fabric, model, optimizer)
+    state = optimizer.state_dict()
+    assert [entry["step"].item() for entry in state["state"].values()] == [1.0] * 4
+    fabric.save(tmp_path / "ckpt.pt", {"model": model, "optimizer": optimizer})
+    assert optimizer.optimizer._all_states == []  # the consolidated copies went with the returned dicts
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)["optimizer"]
+    assert saved["param_groups"] == state["param_groups"]
+    assert all(torch.equal(saved["state"][i]["exp_avg"], state["state"][i]["exp_avg"]) for i in range(4))
+
+
+@pytest.mark.cuda
+def test_16_mixed_on_one_gpu_trains_with_the_sharded_scaler(no_cluster_env: None) -> None:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    fabric = Fabric(accelerator="cuda", devices=1, strategy="ddp_sharded", precision="16-mixed")
+    fabric.launch()
+    assert isinstance(fabric.strategy.precision.scaler, ShardedGradScaler)
+    model = _model()
+    model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=0.01))
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(3):
+        _step(fabric, model, optimizer)
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

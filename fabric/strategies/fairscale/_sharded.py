@@ -167,7 +167,19 @@ def consolidated_state(optimizer: OSS, rank: int) -> dict[str, Any]:
     cost the memory that sharding saved.
     """
     optimizer.consolidate_state_dict(recipient_rank=0)
-    return optimizer.state_dict() if rank == 0 else {}
+    return _release_gathered(optimizer, optimizer.state_dict() if rank == 0 else {})
+
+
+def gathered_state(optimizer: OSS) -> dict[str, Any]:
+    """The whole optimizer state on every rank (what `optimizer.state_dict()` gives with DDP); collective."""
+    return _release_gathered(optimizer, optimizer.state_dict(all_ranks=True))
+
+
+def _release_gathered(optimizer: OSS, state: dict[str, Any]) -> dict[str, Any]:
+    # OSS keeps the gathered shards until the next consolidation; the returned dict is their only user now, so the
+    # memory is freed with it instead of staying held on the recipient for the rest of training.
+    optimizer._all_states = []
+    return state
 
 
 def require_oss(optimizer: Optimizer, operation: str) -> OSS:

@@ -180,7 +180,7 @@ class DDPShardedStrategy(DDPStrategy):
         from fairscale.optim import OSS
 
         if isinstance(optimizer, OSS):
-            return optimizer.state_dict(all_ranks=True)
+            return _sharded.gathered_state(optimizer)
         return optimizer.state_dict()
 
     def save_checkpoint(
