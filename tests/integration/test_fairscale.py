@@ -93,6 +93,16 @@ def test_bf16_mixed_matches_ddp_under_autocast(outdir: Path) -> None:
         assert _max_diff(result["sharded_bf16"]["weights"], result["sharded_adamw"]["weights"]) > 0.0  # bf16 ran
 
 
+def test_bf16_true_matches_ddp_of_a_bfloat16_model(outdir: Path) -> None:
+    # Parameters, bucketed gradients (reduced over gloo in bfloat16) and the sharded AdamW state all in bfloat16.
+    for rank, result in enumerate(_check(outdir, "parity")):
+        ours, ddp = result["sharded_bf16_true"], result["ddp_bf16_true"]
+        assert ours["losses"] == ddp["losses"], f"rank {rank}"
+        assert all(value.dtype == torch.bfloat16 for value in ours["weights"].values())
+        assert _max_diff(ours["weights"], ddp["weights"]) == 0.0, f"rank {rank}"
+        assert _same_optimizer_state(ours["optimizer"], ddp["optimizer"]), f"rank {rank}"
+
+
 def test_16_mixed_with_a_sharded_scaler_matches_ddp_with_a_grad_scaler(outdir: Path) -> None:
     # float16 autocast on the CPU with the loss scaled: OSS's step goes through torch's ShardedGradScaler.
     for rank, result in enumerate(_check(outdir, "parity")):

@@ -90,8 +90,26 @@ class _Scaled:
         self.scaler.update()
 
 
+class _Cast(nn.Module):
+    """Casts floating inputs (what fabric's 16-true precision does to inputs and outputs)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.to(self.dtype)
+
+
 def ddp_run(rank: int, optimizer_name: str = "adamw", **options: Any) -> dict[str, Any]:
     """The reference: torch's DDP and a plain optimizer on the same group, data and seed."""
+    true_dtype = options.get("true_dtype")
+    if true_dtype is not None:
+        inner = make_model().to(true_dtype)
+        model = nn.parallel.DistributedDataParallel(nn.Sequential(_Cast(true_dtype), inner, _Cast(torch.float32)))
+        optimizer = OPTIMIZERS[optimizer_name](model.parameters())
+        result = train(model, optimizer, rank, Tensor.backward)
+        return {**result, "weights": weights(inner), "optimizer": optimizer.state_dict()}
     model = nn.parallel.DistributedDataParallel(make_model())
     optimizer = OPTIMIZERS[optimizer_name](model.parameters())
     clip = (lambda: nn.utils.clip_grad_norm_(model.parameters(), options["clip"])) if "clip" in options else None
@@ -152,6 +170,8 @@ def parity(rank: int, outdir: Path) -> dict[str, Any]:
     result["sharded_clip"] = sharded_run(rank, clip=0.05)
     result["ddp_bf16"] = ddp_run(rank, autocast=torch.bfloat16)
     result["sharded_bf16"] = sharded_run(rank, precision="bf16-mixed")
+    result["ddp_bf16_true"] = ddp_run(rank, true_dtype=torch.bfloat16)
+    result["sharded_bf16_true"] = sharded_run(rank, precision="bf16-true", strategy={"reduce_buffer_size": 2**23})
     # float16 AMP with a loss scaler: the sharded scaler agrees across ranks on skipping a step with inf gradients.
     result["ddp_fp16"] = ddp_run(rank, autocast=torch.float16)
     scaled = MixedPrecision("16-mixed", "cpu", scaler=ShardedGradScaler("cpu"))
