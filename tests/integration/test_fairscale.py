@@ -145,6 +145,9 @@ def test_misuse_gives_its_error_on_every_rank(outdir: Path) -> None:
     for result in _check(outdir, "errors"):
         assert "6 of the optimizer's parameters do not belong to the model" in result["foreign_optimizer"]
         assert result["setup_module"].startswith("RuntimeError: fabric.setup_module(Sequential) with strategy")
+        assert result["setup_without_optimizer"].startswith(
+            "RuntimeError: fabric.setup(Sequential) without an optimizer with strategy 'ddp_sharded'"
+        )
         assert "for a model without optimizer (inference), use strategy='ddp'" in result["setup_without_optimizer"]
         assert "must see the model and its optimizers together" in result["setup_optimizers"]
         assert "contains fairscale's FullyShardedDataParallel" in result["fairscale_fsdp"]

@@ -5,6 +5,7 @@ fairscale is imported when the strategy is created, never by `import fabric`.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
@@ -77,7 +78,8 @@ class DDPShardedStrategy(DDPStrategy):
             num_nodes=num_nodes,
             **sharded_ddp_kwargs,
         )
-        self._sharded_modules: list[ShardedDataParallel] = []
+        # Weak: a model the script dropped is not kept alive (nor touched before backward) by the strategy.
+        self._sharded_modules: weakref.WeakSet[ShardedDataParallel] = weakref.WeakSet()
         _warnings.warn(_UNMAINTAINED, category=UserWarning)
 
     def _connect(self, **components: Any) -> None:
@@ -104,7 +106,7 @@ class DDPShardedStrategy(DDPStrategy):
 
         optimizers = list(optimizers)
         if not optimizers:
-            return self.setup_module(module), []
+            raise RuntimeError(_joint_setup_message(f"fabric.setup({type(module).__name__}) without an optimizer"))
         _sharded.reject_fairscale_fsdp(module)
         for optimizer in optimizers:
             _sharded.check_optimizer_fits(module, optimizer)
@@ -117,17 +119,12 @@ class DDPShardedStrategy(DDPStrategy):
         wrapped = ShardedDataParallel(module, sharded_optimizer=sharded, **kwargs)
         # Also before forward: a script that calls loss.backward() itself still reduces this step's gradients.
         wrapped.register_forward_pre_hook(lambda sdp, _: _sharded.reattach_bucket_grads(sdp))
-        self._sharded_modules.append(wrapped)
+        self._sharded_modules.add(wrapped)
         return wrapped, list(sharded)
 
     def setup_module(self, module: Module) -> Any:
         """Not possible: ShardedDataParallel reduces each gradient to the rank whose OSS shard owns it."""
-        raise RuntimeError(
-            f"fabric.setup_module({type(module).__name__}) with strategy 'ddp_sharded': fairscale's "
-            "ShardedDataParallel needs the sharded optimizer to know which rank owns which gradient. Call "
-            "model, optimizer = fabric.setup(model, optimizer); for a model without optimizer (inference), use "
-            "strategy='ddp'."
-        )
+        raise RuntimeError(_joint_setup_message(f"fabric.setup_module({type(module).__name__})"))
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Never called by Fabric (requires_joint_setup); explains the joint call to direct callers."""
@@ -206,6 +203,14 @@ class DDPShardedStrategy(DDPStrategy):
         """Forget the wrapped models, then leave the process group as DDP does."""
         self._sharded_modules.clear()
         super().teardown()
+
+
+def _joint_setup_message(call: str) -> str:
+    return (
+        f"{call} with strategy 'ddp_sharded': fairscale's ShardedDataParallel needs the sharded optimizer to know "
+        "which rank owns which gradient. Call model, optimizer = fabric.setup(model, optimizer); for a model "
+        "without optimizer (inference), use strategy='ddp'."
+    )
 
 
 def _optimizer_for_file(optimizer: Optimizer, rank: int) -> dict[str, Any]:
