@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 _MULTI_NODE_REDUCE_BUFFER_SIZE = 2**23
 _warnings = WarningCache()
 _UNMAINTAINED = (
-    "Strategy 'ddp_sharded' runs on fairscale, which is no longer maintained (its last release, 0.4.13, is from "
-    "2022). fabric keeps it for existing code; for new code use strategy='fsdp' (torch's FSDP2, which shards "
+    "Strategy 'ddp_sharded' runs on fairscale, which is no longer maintained (its last release is 0.4.13). "
+    "fabric keeps it for existing code; for new code use strategy='fsdp' (torch's FSDP2, which shards "
     "parameters too) or 'deepspeed'."
 )
 
