@@ -5,7 +5,6 @@ fairscale is imported when the strategy is created, never by `import fabric`.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
@@ -78,8 +77,8 @@ class DDPShardedStrategy(DDPStrategy):
             num_nodes=num_nodes,
             **sharded_ddp_kwargs,
         )
-        # Weak: a model the script dropped is not kept alive (nor touched before backward) by the strategy.
-        self._sharded_modules: weakref.WeakSet[ShardedDataParallel] = weakref.WeakSet()
+        # A list, not a WeakSet: ddp_sharded_spawn pickles the strategy into its processes, and a WeakSet cannot be.
+        self._sharded_modules: list[ShardedDataParallel] = []
         _warnings.warn(_UNMAINTAINED, category=UserWarning)
 
     def _connect(self, **components: Any) -> None:
@@ -119,7 +118,7 @@ class DDPShardedStrategy(DDPStrategy):
         wrapped = ShardedDataParallel(module, sharded_optimizer=sharded, **kwargs)
         # Also before forward: a script that calls loss.backward() itself still reduces this step's gradients.
         wrapped.register_forward_pre_hook(lambda sdp, _: _sharded.reattach_bucket_grads(sdp))
-        self._sharded_modules.add(wrapped)
+        self._sharded_modules.append(wrapped)
         return wrapped, list(sharded)
 
     def setup_module(self, module: Module) -> Any:
