@@ -77,6 +77,13 @@ def test_no_backward_sync_accumulates_like_ddp_no_sync(outdir: Path, run: str) -
         assert _max_diff(result[run]["weights"], result["ddp_accumulate"]["weights"]) == 0.0, f"rank {rank}"
 
 
+def test_eval_mode_between_steps_keeps_the_equality(outdir: Path) -> None:
+    for rank, result in enumerate(_check(outdir, "parity")):
+        assert result["buckets_evaluate"]["losses"] == result["ddp_evaluate"]["losses"], f"rank {rank}"
+        assert len(result["ddp_evaluate"]["losses"]) == 8  # training and validation losses alternate
+        assert _max_diff(result["buckets_evaluate"]["weights"], result["ddp_evaluate"]["weights"]) == 0.0
+
+
 def test_clip_gradients_uses_the_norm_over_all_shards(outdir: Path) -> None:
     for rank, result in enumerate(_check(outdir, "parity")):
         ours, ddp = result["sharded_clip"], result["ddp_clip"]

@@ -269,3 +269,11 @@ def test_16_mixed_on_one_gpu_trains_with_the_sharded_scaler(no_cluster_env: None
     for _ in range(3):
         _step(fabric, model, optimizer)
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_the_spawn_strategy_pickles_into_its_processes(no_cluster_env: None) -> None:
+    import pickle
+
+    strategy = Fabric(accelerator="cpu", devices=2, strategy="ddp_sharded_spawn").strategy
+    copy = pickle.loads(pickle.dumps(strategy))
+    assert isinstance(copy, DDPShardedStrategy) and copy.world_size == 2

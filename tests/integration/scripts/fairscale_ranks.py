@@ -58,6 +58,7 @@ def train(
     clip: Callable[[], float] | None = None,
     no_sync: Callable[[], Any] | None = None,
     autocast: Callable[[], Any] | None = None,
+    evaluate: bool = False,
 ) -> dict[str, Any]:
     """The user's loop, with the default optimizer.zero_grad() (set_to_none=True in torch 2)."""
     losses, norms = [], []
@@ -73,6 +74,11 @@ def train(
             norms.append(float(clip()))
         optimizer.step()
         losses.append(loss.item())
+        if evaluate:  # a validation batch in eval mode (ShardedDataParallel rebuilds its buckets on the switches)
+            model.eval()
+            with torch.no_grad():
+                losses.append(loss_of(model, 200 + step, rank).item())
+            model.train()
     return {"losses": losses, "norms": norms}
 
 
@@ -116,9 +122,10 @@ def ddp_run(rank: int, optimizer_name: str = "adamw", **options: Any) -> dict[st
     dtype = options.get("autocast")
     autocast = (lambda: torch.autocast("cpu", dtype=dtype)) if dtype is not None else None
     no_sync = model.no_sync if options.get("accumulate") else None
+    evaluate = bool(options.get("evaluate"))
     stepper: Any = _Scaled(optimizer) if dtype == torch.float16 else optimizer
     backward = (lambda loss: stepper.scaler.scale(loss).backward()) if dtype == torch.float16 else Tensor.backward
-    result = train(model, stepper, rank, backward, clip, no_sync, autocast)
+    result = train(model, stepper, rank, backward, clip, no_sync, autocast, evaluate)
     return {**result, "weights": weights(model.module), "optimizer": optimizer.state_dict()}
 
 
@@ -138,7 +145,7 @@ def sharded_run(rank: int, optimizer_name: str = "adamw", precision: Any = "32-t
     model, optimizer = fabric.setup(model, OPTIMIZERS[optimizer_name](model.parameters()))
     clip = (lambda: fabric.clip_gradients(model, optimizer, max_norm=options["clip"])) if "clip" in options else None
     no_sync = (lambda: fabric.no_backward_sync(model)) if options.get("accumulate") else None
-    result = train(model, optimizer, rank, fabric.backward, clip, no_sync)
+    result = train(model, optimizer, rank, fabric.backward, clip, no_sync, evaluate=bool(options.get("evaluate")))
     return {**result, "weights": weights(model), "optimizer": optimizer.state_dict()}
 
 
@@ -166,6 +173,8 @@ def parity(rank: int, outdir: Path) -> dict[str, Any]:
     result["ddp_accumulate"] = ddp_run(rank, accumulate=True)
     result["sharded_accumulate"] = sharded_run(rank, accumulate=True)
     result["buckets_accumulate"] = sharded_run(rank, accumulate=True, strategy={"reduce_buffer_size": 2**23})
+    result["ddp_evaluate"] = ddp_run(rank, evaluate=True)
+    result["buckets_evaluate"] = sharded_run(rank, evaluate=True, strategy={"reduce_buffer_size": 2**23})
     result["ddp_clip"] = ddp_run(rank, clip=0.05)
     result["sharded_clip"] = sharded_run(rank, clip=0.05)
     result["ddp_bf16"] = ddp_run(rank, autocast=torch.bfloat16)
