@@ -251,14 +251,32 @@ class Fabric:
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def setup_dataloaders(
-        self, *dataloaders: DataLoader, use_distributed_sampler: bool = True, move_to_device: bool = True
+        self,
+        *dataloaders: DataLoader,
+        use_distributed_sampler: bool = True,
+        move_to_device: bool = True,
+        even_batches: bool = True,
     ) -> Any:
-        """Shard each loader across processes (via the strategy), seed its workers, move batches to the device."""
+        """Shard each loader across processes (via the strategy), seed its workers, move batches to the device.
+
+        Args:
+            *dataloaders: the loaders to set up.
+            use_distributed_sampler: shard the data across processes (a `DistributedSampler`, or your sampler
+                wrapped so that each process reads its share).
+            move_to_device: move every batch to `fabric.device`.
+            even_batches: `True` (the default, as in Lightning Fabric): every process gets the same number of
+                batches; the last shard is padded with repeated samples when the dataset does not divide evenly.
+                `False`: every sample is read by exactly one process, none repeated, none dropped (for exact
+                evaluation); processes may then get one batch fewer than others, so the loop over such a loader
+                must not call collectives per batch (no `fabric.backward` under DDP, no `all_gather` per batch):
+                collect locally and gather or reduce after the loop. See docs/exact_evaluation.md.
+        """
         self._validate_launched("setup_dataloaders")
         if not dataloaders:
             raise FabricTypeError("fabric.setup_dataloaders(): no DataLoader was passed. Pass at least one.")
         loaders = [
-            _setup.setup_dataloader(self._strategy, d, use_distributed_sampler, move_to_device) for d in dataloaders
+            _setup.setup_dataloader(self._strategy, d, use_distributed_sampler, move_to_device, even_batches)
+            for d in dataloaders
         ]
         return loaders[0] if len(loaders) == 1 else loaders
 
