@@ -378,7 +378,22 @@ class Fabric:
         return self._strategy.broadcast(obj, src=src)
 
     def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
-        """Gather tensors (or numbers, or collections of them) from all processes."""
+        """Gather tensors (or numbers, or collections of them) from all processes.
+
+        Args:
+            data: a tensor, a number, or a nested collection (dict, list, tuple, dataclass) of them.
+            group: the process group to gather over (default: all processes).
+            sync_grads: make the result differentiable; the backward pass sends each process the summed
+                gradient of its own part.
+
+        Returns:
+            `data` with each tensor replaced by the gathered values. A tensor whose shape is the same on every
+            process is stacked along a new first dimension, `(world_size, *shape)`. A tensor whose shape differs
+            between processes (any dimension, including 0 rows) becomes a list of `world_size` tensors, each
+            exactly what that process sent; `torch.cat(list(result))` concatenates either form in rank order.
+            On one process each tensor is returned as it is. Every process must pass the same structure (keys,
+            number of tensors, dtypes); a mismatch raises `ValueError` on every process rather than hanging.
+        """
         self._validate_launched("all_gather")
         return _collectives.all_gather(self._strategy, data, group, sync_grads)
 

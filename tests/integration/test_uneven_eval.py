@@ -6,6 +6,8 @@ ranks' observations.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import _it_runner as runner
@@ -84,3 +86,19 @@ def test_the_default_still_pads_the_odd_sample(observed: list[dict[str, Any]], s
         padded = result[size]["padded"]
         assert int(padded["seen"]) == size + size % 2, "even_batches=True keeps today's padded DistributedSampler"
         assert len(padded["ids"]) == size + size % 2
+
+
+def _complete_example(page: str) -> str:
+    """The page's runnable example: its Python block with a __main__ guard."""
+    text = (runner.SCRIPTS.parents[2] / "docs" / page).read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    return next(block for block in blocks if 'if __name__ == "__main__":' in block)
+
+
+@pytest.mark.parametrize(("page", "printed"), [("uneven_gather.md", "(3, 2)"), ("exact_evaluation.md", "1001 samples")])
+def test_the_docs_complete_examples_run_on_two_processes(tmp_path: Path, page: str, printed: str) -> None:
+    script = tmp_path / page.replace(".md", ".py")
+    script.write_text(_complete_example(page))
+    run = runner.run_python([str(script)], timeout=120)
+    assert run.returncode == 0, run.output
+    assert printed in run.stdout, run.output
