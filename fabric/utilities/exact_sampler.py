@@ -113,7 +113,8 @@ def check_exact_possible(dataloader: DataLoader, caller: str) -> None:
             f"{name}: the loader has drop_last=True, which drops each rank's last partial batch, so samples "
             "would be missing from the evaluation. Build the loader with drop_last=False."
         )
-    current = getattr(dataloader.batch_sampler, "sampler", None) or dataloader.sampler
+    current = getattr(dataloader.batch_sampler, "sampler", None)
+    current = dataloader.sampler if current is None else current  # not `or`: an empty sampler is falsy
     if is_distributed_sampler(current) and not is_exact_sampler(current):
         raise FabricValueError(
             f"{name}: the loader already has a {type(current).__name__}, which pads the last shard with "
