@@ -13,7 +13,13 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from fabric import Fabric
-from fabric.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, SingleDeviceStrategy
+from fabric.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    SingleDeviceStrategy,
+)
 from fabric.utilities.exact_sampler import ExactDistributedSampler
 
 pytestmark = pytest.mark.usefixtures("no_cluster_env")
@@ -102,3 +108,17 @@ def test_deepspeed_stage_2_forward_does_not_communicate() -> None:
     instance = DeepSpeedStrategy(stage=2)
     Fabric(accelerator="cpu", strategy=instance, devices=2)
     assert isinstance(instance.process_dataloader(_loader(), even_batches=False).sampler, ExactDistributedSampler)
+
+
+def test_model_parallel_refuses_only_when_replicas_read_different_data() -> None:
+    def parallelize(module: Any, mesh: Any) -> Any:
+        return module
+
+    tensor_only = ModelParallelStrategy(parallelize, data_parallel_size=1, tensor_parallel_size=2)
+    Fabric(accelerator="cpu", strategy=tensor_only, devices=2)
+    loader = tensor_only.process_dataloader(_loader(), even_batches=False)
+    assert len(loader.sampler) == 7, "one replica: both tensor-parallel ranks read every sample"  # type: ignore[arg-type]
+    data_parallel = ModelParallelStrategy(parallelize, data_parallel_size=2, tensor_parallel_size=1)
+    Fabric(accelerator="cpu", strategy=data_parallel, devices=2)
+    with pytest.raises(ValueError, match=r"ModelParallelStrategy communicates in every forward pass"):
+        data_parallel.process_dataloader(_loader(), even_batches=False)
