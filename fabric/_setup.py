@@ -14,11 +14,15 @@ from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 from fabric.wrappers import is_wrapped
 
 if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
     from fabric._dataloader import _FabricDataLoader
     from fabric.strategies.strategy import Strategy
 
 
-def setup_dataloader(strategy: Strategy, loader: Any, use_sampler: bool, move: bool) -> _FabricDataLoader:
+def setup_dataloader(
+    strategy: Strategy, loader: Any, use_sampler: bool, move: bool, even_batches: bool = True
+) -> _FabricDataLoader:
     """Shard (through the strategy), seed the workers and wrap one loader; batches move to the device."""
     from torch.utils.data import DataLoader
 
@@ -35,7 +39,9 @@ def setup_dataloader(strategy: Strategy, loader: Any, use_sampler: bool, move: b
             f"fabric.setup_dataloaders({type(loader).__name__}): expected a torch.utils.data.DataLoader. "
             "Wrap your dataset in DataLoader(dataset, batch_size=...) first."
         )
-    if use_sampler:
+    if not even_batches:
+        loader = _exact_dataloader(strategy, loader, use_sampler)
+    elif use_sampler:
         loader = strategy.process_dataloader(loader)
     seed, seed_workers = current_seed_config()
     if seed_workers and seed is not None:
@@ -43,6 +49,30 @@ def setup_dataloader(strategy: Strategy, loader: Any, use_sampler: bool, move: b
     root = strategy.root_device
     device = root if move and root.type != "cpu" else None
     return _FabricDataLoader(loader, device=device, move_fn=move_to_device if device is not None else None)
+
+
+def _exact_dataloader(strategy: Strategy, loader: DataLoader, use_sampler: bool) -> DataLoader:
+    """The strategy's loader that reads every sample on exactly one rank (even_batches=False)."""
+    from fabric.utilities.exact_sampler import check_exact_possible
+
+    if not use_sampler:
+        raise FabricValueError(
+            "fabric.setup_dataloaders(use_distributed_sampler=False, even_batches=False): even_batches=False asks "
+            "fabric to shard the data without padding, but use_distributed_sampler=False tells it not to shard at "
+            "all. Drop even_batches=False (your sampler decides), or drop use_distributed_sampler=False."
+        )
+    # Checked here as well as in the strategies, so that a script fails alike on one process and on many.
+    check_exact_possible(loader, "fabric.setup_dataloaders")
+    parameters = inspect.signature(strategy.process_dataloader).parameters
+    takes_it = "even_batches" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    if not takes_it:
+        name = type(strategy).__name__
+        raise FabricTypeError(
+            f"fabric.setup_dataloaders(even_batches=False): {name}.process_dataloader(dataloader) takes no "
+            f"even_batches argument, so it cannot be asked to shard without padding. Add a keyword argument "
+            f"`*, even_batches: bool = True` to {name}.process_dataloader and honour it, or keep even_batches=True."
+        )
+    return strategy.process_dataloader(loader, even_batches=False)
 
 
 def check_scheduler(scheduler: Any, optimizers: tuple[Optimizer, ...], strategy: Strategy) -> None:

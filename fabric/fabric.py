@@ -251,14 +251,32 @@ class Fabric:
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def setup_dataloaders(
-        self, *dataloaders: DataLoader, use_distributed_sampler: bool = True, move_to_device: bool = True
+        self,
+        *dataloaders: DataLoader,
+        use_distributed_sampler: bool = True,
+        move_to_device: bool = True,
+        even_batches: bool = True,
     ) -> Any:
-        """Shard each loader across processes (via the strategy), seed its workers, move batches to the device."""
+        """Shard each loader across processes (via the strategy), seed its workers, move batches to the device.
+
+        Args:
+            *dataloaders: the loaders to set up.
+            use_distributed_sampler: shard the data across processes (a `DistributedSampler`, or your sampler
+                wrapped so that each process reads its share).
+            move_to_device: move every batch to `fabric.device`.
+            even_batches: `True` (the default, as in Lightning Fabric): every process gets the same number of
+                batches; the last shard is padded with repeated samples when the dataset does not divide evenly.
+                `False`: every sample is read by exactly one process, none repeated, none dropped (for exact
+                evaluation); processes may then get one batch fewer than others, so the loop over such a loader
+                must not call collectives per batch (no `fabric.backward` under DDP, no `all_gather` per batch):
+                collect locally and gather or reduce after the loop. See docs/exact_evaluation.md.
+        """
         self._validate_launched("setup_dataloaders")
         if not dataloaders:
             raise FabricTypeError("fabric.setup_dataloaders(): no DataLoader was passed. Pass at least one.")
         loaders = [
-            _setup.setup_dataloader(self._strategy, d, use_distributed_sampler, move_to_device) for d in dataloaders
+            _setup.setup_dataloader(self._strategy, d, use_distributed_sampler, move_to_device, even_batches)
+            for d in dataloaders
         ]
         return loaders[0] if len(loaders) == 1 else loaders
 
@@ -360,7 +378,22 @@ class Fabric:
         return self._strategy.broadcast(obj, src=src)
 
     def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
-        """Gather tensors (or numbers, or collections of them) from all processes."""
+        """Gather tensors (or numbers, or collections of them) from all processes.
+
+        Args:
+            data: a tensor, a number, or a nested collection (dict, list, tuple, dataclass) of them.
+            group: the process group to gather over (default: all processes).
+            sync_grads: make the result differentiable; the backward pass sends each process the summed
+                gradient of its own part.
+
+        Returns:
+            `data` with each tensor replaced by the gathered values. A tensor whose shape is the same on every
+            process is stacked along a new first dimension, `(world_size, *shape)`. A tensor whose shape differs
+            between processes (any dimension, including 0 rows) becomes a list of `world_size` tensors, each
+            exactly what that process sent; `torch.cat(list(result))` concatenates either form in rank order.
+            On one process each tensor is returned as it is. Every process must pass the same structure (keys,
+            number of tensors, dtypes); a mismatch raises `ValueError` on every process rather than hanging.
+        """
         self._validate_launched("all_gather")
         return _collectives.all_gather(self._strategy, data, group, sync_grads)
 

@@ -42,6 +42,17 @@ def test_launch_startup_smoke_times_both_launchers() -> None:
 
 
 @pytest.mark.multiprocess
+def test_uneven_all_gather_smoke_compares_uneven_with_equal() -> None:
+    result = _run("uneven_all_gather.py", "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.startswith("machine: ") and "all_gather, 2 CPU processes (gloo)" in out
+    _assert_ratio_row(out, "fabric uneven")
+    _assert_ratio_row(out, "strategy equal")
+    assert re.search(r"^target: fabric uneven vs fabric equal < 1.20x -> median [\d.]+x", out, re.MULTILINE), out
+
+
+@pytest.mark.multiprocess
 def test_checkpoint_smoke_measures_save_and_load_and_run_all_draws_it(tmp_path: Path) -> None:
     result = _run("checkpoint.py", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr

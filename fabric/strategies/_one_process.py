@@ -47,8 +47,8 @@ class OneProcessStrategy(Strategy):
         if self.accelerator is not None:
             self.accelerator.setup_device(self.root_device)
 
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
-        """The one process reads the whole dataset."""
+    def process_dataloader(self, dataloader: DataLoader, *, even_batches: bool = True) -> DataLoader:
+        """The one process reads the whole dataset, every sample once, whatever even_batches says."""
         return dataloader
 
     def barrier(self, name: str | None = None) -> None:

@@ -122,14 +122,10 @@ class ModelParallelStrategy(_FullyShardedStrategy):
         """Shard data by data-parallel rank: the tensor-parallel ranks of one replica read the same batches."""
         return {"num_replicas": self.data_parallel_size, "rank": self.data_parallel_rank}
 
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
+    def process_dataloader(self, dataloader: DataLoader, *, even_batches: bool = True) -> DataLoader:
         """A distributed sampler over the data-parallel replicas only."""
-        from fabric.utilities.data import inject_distributed_sampler
-        from fabric.utilities.seed import current_seed_config
-
-        seed, _ = current_seed_config()
         kwargs = self.distributed_sampler_kwargs
-        return inject_distributed_sampler(dataloader, kwargs["num_replicas"], kwargs["rank"], seed=seed or 0)
+        return self._shard_dataloader(dataloader, kwargs["num_replicas"], kwargs["rank"], even_batches)
 
     def _build_device_mesh(self) -> DeviceMesh:
         from torch.distributed.device_mesh import init_device_mesh

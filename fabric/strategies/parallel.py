@@ -201,13 +201,33 @@ class ParallelStrategy(Strategy):
             super().teardown()
 
     # -- collectives ----------------------------------------------------------------------------------
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
-        """Give each process its shard of the data through a distributed sampler."""
+    @property
+    def _forward_is_collective(self) -> bool:
+        # Whether every forward pass communicates (sharded parameters are gathered), so that all ranks must run the
+        # same number of batches even in evaluation; such strategies refuse loaders with uneven batches.
+        return False
+
+    def process_dataloader(self, dataloader: DataLoader, *, even_batches: bool = True) -> DataLoader:
+        """Give each process its shard of the data through a distributed sampler (unpadded if not even_batches)."""
+        return self._shard_dataloader(dataloader, self.world_size, self.global_rank, even_batches)
+
+    def _shard_dataloader(self, dataloader: DataLoader, replicas: int, rank: int, even_batches: bool) -> DataLoader:
         from fabric.utilities.data import inject_distributed_sampler
         from fabric.utilities.seed import current_seed_config
 
         seed, _ = current_seed_config()
-        return inject_distributed_sampler(dataloader, self.world_size, self.global_rank, seed=seed or 0)
+        if even_batches:
+            return inject_distributed_sampler(dataloader, replicas, rank, seed=seed or 0)
+        if self._forward_is_collective and replicas > 1:
+            raise FabricValueError(
+                f"setup_dataloaders(even_batches=False): {type(self).__name__} communicates in every forward pass "
+                "(it gathers the sharded parameters), so every rank must run the same number of batches, but "
+                "even_batches=False gives some ranks one batch fewer when the samples do not divide evenly. Keep "
+                "even_batches=True here, or evaluate with strategy='ddp' or on one device."
+            )
+        from fabric.utilities.exact_sampler import inject_exact_sampler
+
+        return inject_exact_sampler(dataloader, replicas, rank, seed=seed or 0)
 
     def barrier(self, name: str | None = None) -> None:
         """Wait for every process (no-op before the group exists)."""

@@ -55,8 +55,8 @@ class Strategy(_StrategyComponents, ABC):
         """Wrap the module for this strategy (DDP, ...); it is already on the device."""
 
     @abstractmethod
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
-        """Return a loader whose sampling is right for this strategy."""
+    def process_dataloader(self, dataloader: DataLoader, *, even_batches: bool = True) -> DataLoader:
+        """Return a loader whose sampling is right for this strategy; even_batches=False: no padded samples."""
 
     @abstractmethod
     def barrier(self, name: str | None = None) -> None:

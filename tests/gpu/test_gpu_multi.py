@@ -37,6 +37,7 @@ def test_ddp_over_nccl_matches_raw_ddp_and_runs_every_collective(tmp_path: Path)
             assert torch.equal(result["fabric"]["weights"][name], expected), name
         assert result["broadcast"] == {"from": 1}
         assert result["all_gather"] == ("cuda", [0, 1])
+        assert result["all_gather_uneven"] == [("cuda", [0]), ("cuda", [0, 1])]
         assert result["all_reduce"] == ("cuda", 3.0)
         assert result["any"] is True
         loaded = result["loaded"]

@@ -102,6 +102,10 @@ class DeepSpeedStrategy(ParallelStrategy):
         return cfg.zero_stage(self.config)
 
     @property
+    def _forward_is_collective(self) -> bool:
+        return self.zero_stage == 3  # stage 3 gathers the partitioned parameters in every forward
+
+    @property
     def engine(self) -> DeepSpeedEngine | None:
         """The DeepSpeed engine built by fabric.setup (None before)."""
         return self._engine

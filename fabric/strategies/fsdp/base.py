@@ -34,6 +34,10 @@ _STATE_DICT_TYPES = ("sharded", "full")
 class _FullyShardedStrategy(ParallelStrategy):
     """Shards parameters with FSDP2; subclasses say how (`_shard`) and on which mesh (`_build_device_mesh`)."""
 
+    @property
+    def _forward_is_collective(self) -> bool:
+        return True  # each forward all-gathers the parameter shards
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,
