@@ -12,6 +12,8 @@ On gloo with 2 ranks the results are in fact bitwise equal today; the test does 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import _it_runner as runner
@@ -156,3 +158,11 @@ def test_mixed_precision_on_one_gpu(precision: str) -> None:
             assert type(fabric.strategy.precision.scaler).__name__ == "ShardedGradScaler"  # type: ignore[attr-defined]
     finally:
         fabric.strategy.teardown()
+
+
+def test_fsdp_trains_under_the_spawn_launcher(tmp_path: Path) -> None:
+    run = runner.run_script("fsdp_spawn.py", str(tmp_path), timeout=180)
+    assert run.returncode == 0, run.output
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert len(result["fsdp"]) == 3 and result["fsdp"][-1] < result["fsdp"][0]
+    assert result["fsdp"] == pytest.approx(result["ddp"], abs=1e-6)

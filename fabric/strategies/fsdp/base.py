@@ -75,6 +75,17 @@ class _FullyShardedStrategy(ParallelStrategy):
         if precision is not None:
             check_fsdp_precision(precision, type(self).__name__)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What the spawn launcher sends to each worker: not the modules set up so far (a WeakSet cannot be pickled,
+        and those modules belong to this process)."""
+        state = self.__dict__.copy()
+        state["_sharded_modules"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._sharded_modules = weakref.WeakSet()
+
     def _connect(self, **components: Any) -> None:
         """Refuse a precision FSDP cannot honour here, when Fabric(...) is built, not at the first step."""
         super()._connect(**components)
