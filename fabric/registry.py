@@ -6,7 +6,8 @@ listed in lower case.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import difflib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from fabric.utilities.exceptions import FabricValueError
@@ -64,3 +65,9 @@ class Registry(Generic[T]):
 
 def _key(name: str) -> str:
     return name.lower()
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """ " Did you mean 'x'?" with the choice closest to a misspelt `name`, or "" when none is close."""
+    close = difflib.get_close_matches(name.lower(), list(choices), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
