@@ -189,7 +189,7 @@ def check_optimizer_params(
                 "model (an nn.Parameter on the module), or average their gradients yourself with "
                 "fabric.all_reduce before optimizer.step().",
                 PossibleUserWarning,
-                stacklevel=4,
+                stacklevel=3,
             )
 
 
@@ -209,7 +209,10 @@ def guard_forward(module: Module, strategy: str, world_size: int, warn_once: War
         "returned model instead (model = fabric.setup(model)); for other methods that run the model, use "
         "model.mark_forward_method('name'); for inference on the original module, wrap the call in torch.no_grad()."
     )
-    module.register_forward_pre_hook(_UnwrappedForwardHook(guard, lambda: warn_once("unwrapped-forward", message)))
+    # A possible user warning: a few call the original module on purpose (say, for gradients with respect to the
+    # inputs only, as in adversarial training), and may silence it by its category.
+    hook = _UnwrappedForwardHook(guard, lambda: warn_once("unwrapped-forward", message, PossibleUserWarning, 6))
+    module.register_forward_pre_hook(hook)
     return guard
 
 

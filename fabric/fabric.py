@@ -263,13 +263,13 @@ class Fabric:
 
     def _check_new_objects(self, method: str, module: Any, optimizers: tuple[Any, ...]) -> None:
         """Right types, and nothing this Fabric already set up (neither its wrapper nor the object inside it)."""
-        if module is not None:
+        if method != "setup_optimizers":
             _mistakes.check_module(module, method)
             _setup.check_not_wrapped(module, method)
         for opt in optimizers:
             _setup.check_not_wrapped(opt, method)
         _mistakes.check_optimizers(optimizers, method)
-        self._setup_record.check_new(method, module, optimizers)
+        self._setup_record.check_new(method, module if method != "setup_optimizers" else None, optimizers)
 
     def setup_dataloaders(
         self, *dataloaders: DataLoader, use_distributed_sampler: bool = True, move_to_device: bool = True
