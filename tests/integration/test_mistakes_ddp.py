@@ -9,7 +9,7 @@ import _it_runner as runner
 import pytest
 
 pytestmark = pytest.mark.multiprocess
-JOB_TIMEOUT = 120
+JOB_TIMEOUT = 240
 
 
 def test_ddp_mistakes_are_named_and_a_correct_loop_stays_silent(tmp_path: Path) -> None:
