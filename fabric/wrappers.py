@@ -65,23 +65,20 @@ class _FabricModule(_DeviceDtypeModuleMixin):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Convert inputs, run forward under autocast/dtype policy, convert outputs."""
         guard = self._forward_guard
-        if guard is None:
-            return self._run_forward(args, kwargs)
-        guard.depth += 1
+        if guard is not None:  # tells the original module's hook that this call comes through the strategy
+            guard.depth += 1
         try:
-            return self._run_forward(args, kwargs)
-        finally:
-            guard.depth -= 1
-
-    def _run_forward(self, args: Any, kwargs: Any) -> Any:
-        precision = self._precision
-        if not precision.changes_forward:
-            output = self._forward_call(*args, **kwargs)
-        else:
-            args, kwargs = precision.convert_input((args, kwargs))
-            with precision.forward_context():
+            precision = self._precision
+            if not precision.changes_forward:
                 output = self._forward_call(*args, **kwargs)
-            output = precision.convert_output(output)
+            else:
+                args, kwargs = precision.convert_input((args, kwargs))
+                with precision.forward_context():
+                    output = self._forward_call(*args, **kwargs)
+                output = precision.convert_output(output)
+        finally:
+            if guard is not None:
+                guard.depth -= 1
         if self._backward_state is not None:
             _hook_outputs(output, self._backward_state)
         return output
