@@ -163,7 +163,7 @@ def check_optimizer_params(
     """
     in_model = {id(p) for p in module.parameters()}
     trainable = any(p.requires_grad for p in module.parameters())
-    for index, optimizer in enumerate(optimizers):
+    for optimizer in optimizers:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         outside = [p for p in params if id(p) not in in_model]
         if not outside:
@@ -181,7 +181,7 @@ def check_optimizer_params(
         if world_size > 1 and len(outside) < len(params):
             shapes = ", ".join(str(list(p.shape)) for p in outside[:3])
             warn_once(
-                f"optimizer-params-outside-{index}",
+                "optimizer-params-outside",
                 f"fabric.setup({type(module).__name__}, ..., {name}): {len(outside)} of the optimizer's "
                 f"parameters (shapes {shapes}{', ...' if len(outside) > 3 else ''}) are not in the model. "
                 f"{strategy} averages only the model's gradients across the {world_size} processes, so these "
@@ -214,6 +214,15 @@ def guard_forward(module: Module, strategy: str, world_size: int, warn_once: War
     hook = _UnwrappedForwardHook(guard, lambda: warn_once("unwrapped-forward", message, PossibleUserWarning, 6))
     module.register_forward_pre_hook(hook)
     return guard
+
+
+def existing_guard(module: Module) -> _ForwardGuard | None:
+    """The guard an earlier setup (of any Fabric) put on `module`: every later wrapper of it must raise it too, or
+    its own calls would look like calls around the first wrapper."""
+    for hook in module._forward_pre_hooks.values():
+        if isinstance(hook, _UnwrappedForwardHook) and hook._guard is not None:
+            return hook._guard
+    return None
 
 
 class _UnwrappedForwardHook:

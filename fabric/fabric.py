@@ -285,8 +285,8 @@ class Fabric:
 
     def _wrap_module(self, forward_module: Module, original: Module, moved: bool, user_module: Module) -> _FabricModule:
         state = self._backward_state if self._strategy.precision.requires_fabric_backward else None
-        guard = None
-        if forward_module is not user_module and self.world_size > 1:
+        guard = _mistakes.existing_guard(user_module)
+        if guard is None and forward_module is not user_module and self.world_size > 1:
             # Calling the user's module directly would go around the strategy: watch for it (see _mistakes).
             name = type(self._strategy).__name__
             guard = _mistakes.guard_forward(user_module, name, self.world_size, self._warn_once)

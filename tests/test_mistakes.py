@@ -315,3 +315,12 @@ def test_a_correct_single_device_loop_warns_about_nothing() -> None:
         optimizer.step()
         optimizer.zero_grad()
     module(torch.ones(1, 2))  # one process: the original module computes the same thing
+
+
+def test_a_later_single_process_fabric_calls_a_guarded_module_through_its_own_wrapper() -> None:
+    module = nn.Linear(2, 2)
+    _mistakes.guard_forward(module, "DDPStrategy", 2, _mistakes.WarnOnce())  # as a 2-process setup leaves it
+    model = _fabric().setup(module)  # e.g. a second Fabric that merges or fine-tunes the weights on one process
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.ones(1, 2)).sum().backward()
