@@ -17,6 +17,7 @@ import torch
 from torch.nn import Module
 
 from fabric._forward_methods import _ForwardGuard
+from fabric._setup import check_not_wrapped
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 from fabric.utilities.warnings import PossibleUserWarning
 from fabric.wrappers import _uncompiled
@@ -58,15 +59,23 @@ class SetupRecord:
         for optimizer in optimizers:
             _remember(self._optimizers, optimizer)
 
-    def check_new(self, method: str, module: Module | None, optimizers: Sequence[Any]) -> None:
-        """Refuse a module or optimizer this Fabric already set up, or one optimizer passed twice in this call."""
-        if module is not None and _known(self._modules, _uncompiled(module)):
+    def check_new_module(self, method: str, module: Any) -> None:
+        """A module, not a wrapper fabric returned, and not the module inside one this Fabric returned."""
+        check_module(module, method)
+        check_not_wrapped(module, method)
+        if _known(self._modules, _uncompiled(module)):
             raise FabricValueError(
                 f"fabric.{method}({type(module).__name__}): this module was already set up by this Fabric, which "
                 "returned a wrapper for it. Setting it up again would wrap the same weights twice (under DDP: two "
                 "gradient synchronisations that do not know of each other). Keep using the model that the first "
                 "setup returned; to set up an optimizer created later, call fabric.setup_optimizers(optimizer)."
             )
+
+    def check_new_optimizers(self, method: str, optimizers: Sequence[Any]) -> None:
+        """Optimizers, none a wrapper fabric returned, none passed twice or set up before by this Fabric."""
+        for optimizer in optimizers:
+            check_not_wrapped(optimizer, method)
+        check_optimizers(optimizers, method)
         seen: set[int] = set()
         for optimizer in optimizers:
             name = type(optimizer).__name__

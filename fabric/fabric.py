@@ -208,7 +208,8 @@ class Fabric:
     ) -> Any:
         """Set up a model and its optimizers; returns the model, or (model, *optimizers[, scheduler])."""
         self._validate_launched("setup")
-        self._check_new_objects("setup", module, optimizers)
+        self._setup_record.check_new_module("setup", module)
+        self._setup_record.check_new_optimizers("setup", optimizers)
         if scheduler is not None:
             _setup.check_scheduler(scheduler, optimizers, self._strategy)
         name = type(self._strategy).__name__
@@ -232,7 +233,7 @@ class Fabric:
     def setup_module(self, module: Module, move_to_device: bool = True, _reapply_compile: bool = True) -> _FabricModule:
         """Set up a model alone (call before creating optimizers for sharded strategies)."""
         self._validate_launched("setup_module")
-        self._check_new_objects("setup_module", module, ())
+        self._setup_record.check_new_module("setup_module", module)
         user_module = module
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
@@ -254,22 +255,12 @@ class Fabric:
             )
         if not optimizers:
             raise FabricTypeError("fabric.setup_optimizers(): no optimizer was passed. Pass at least one optimizer.")
-        self._check_new_objects("setup_optimizers", None, optimizers)
+        self._setup_record.check_new_optimizers("setup_optimizers", optimizers)
         wrapped = []
         for opt in optimizers:
             wrapped.append(_FabricOptimizer(self._strategy.setup_optimizer(opt), self._strategy, self._callbacks))
         self._setup_record.add_optimizers(optimizers)
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
-
-    def _check_new_objects(self, method: str, module: Any, optimizers: tuple[Any, ...]) -> None:
-        """Right types, and nothing this Fabric already set up (neither its wrapper nor the object inside it)."""
-        if method != "setup_optimizers":
-            _mistakes.check_module(module, method)
-            _setup.check_not_wrapped(module, method)
-        for opt in optimizers:
-            _setup.check_not_wrapped(opt, method)
-        _mistakes.check_optimizers(optimizers, method)
-        self._setup_record.check_new(method, module if method != "setup_optimizers" else None, optimizers)
 
     def setup_dataloaders(
         self, *dataloaders: DataLoader, use_distributed_sampler: bool = True, move_to_device: bool = True
