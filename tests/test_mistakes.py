@@ -324,3 +324,12 @@ def test_a_later_single_process_fabric_calls_a_guarded_module_through_its_own_wr
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model(torch.ones(1, 2)).sum().backward()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch's own, from importing torch._dynamo
+def test_the_module_inside_a_compiled_model_counts_as_set_up() -> None:
+    fabric = _fabric()
+    module = nn.Linear(2, 2)
+    fabric.setup(torch.compile(module))
+    with pytest.raises(ValueError, match=re.escape("fabric.setup(Linear): this module was already set up")):
+        fabric.setup(module)
