@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -15,8 +16,10 @@ from fabric.environments import ClusterEnvironment, ProcessGroupEnvironment, det
 from fabric.io import CheckpointIO, TorchCheckpointIO
 from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from fabric.precision._names import LEGACY_PRECISION, PRECISIONS
+from fabric.registry import did_you_mean
 from fabric.strategies import STRATEGY_REGISTRY, SingleDeviceStrategy, Strategy
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
+from fabric.utilities.warnings import PossibleUserWarning
 
 
 def _describe(strategy: Any) -> str:
@@ -58,6 +61,7 @@ def connect(
     environment = _resolve_environment(environment, user_strategy)
     accel = _resolve_accelerator(accelerator, user_strategy)
     indices = _resolve_devices(accel, devices, num_nodes, environment, strategy)
+    _warn_if_oversubscribed(accel, indices, devices, environment)
     if user_strategy is None:
         user_strategy = _build_strategy(strategy, indices, num_nodes, accelerator, devices)
     precision_plugin = _resolve_precision(precision, precision_plugin, user_strategy, accel)
@@ -163,6 +167,7 @@ def _named_accelerator(name: str) -> Accelerator:
         raise FabricValueError(
             f"Fabric(accelerator={name!r}): unknown accelerator {name!r}. Choose one of: auto, gpu, "
             f"{_names(ACCELERATOR_REGISTRY.names())}, or pass an Accelerator instance."
+            + did_you_mean(name, ["auto", "gpu", *ACCELERATOR_REGISTRY.names()])
         )
     factory, kwargs = ACCELERATOR_REGISTRY.get(name)
     return factory(**kwargs)
@@ -186,6 +191,26 @@ def _resolve_devices(
     return indices
 
 
+def _warn_if_oversubscribed(accel: Accelerator, indices: list[int], devices: Any, env: ClusterEnvironment) -> None:
+    """More CPU processes on this machine than cores this process may use: they compete and all run slower.
+
+    Warned by local rank 0 only (the process that starts the others, or the first one a launcher started), so a
+    run warns once, not once per process.
+    """
+    if len(indices) < 2 or accel.get_parallel_devices([0])[0].type != "cpu" or env.local_rank() != 0:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if len(indices) <= cores:
+        return
+    warnings.warn(
+        f"Fabric(accelerator='cpu', devices={devices!r}): {len(indices)} processes on this machine, but only "
+        f"{cores} CPU core(s) are available to this process (os.sched_getaffinity), so the processes compete for "
+        f"cores and the run is slower than with fewer processes. Use devices={cores} or fewer.",
+        PossibleUserWarning,
+        stacklevel=4,
+    )
+
+
 def _standalone_in_group(env: ClusterEnvironment, strategy: Any) -> bool:
     """Whether one device asked for explicitly inside a process group that is already running (libraries do this to
     merge weights after a distributed run) gives, as in Lightning Fabric, a single-device Fabric that neither joins
@@ -206,6 +231,7 @@ def _build_strategy(flag: Any, indices: list[int], num_nodes: int, accelerator: 
         raise FabricValueError(
             f"Fabric(strategy={flag!r}): unknown strategy {flag!r}. Choose one of: auto, "
             f"{_names(STRATEGY_REGISTRY.names())}, or pass a Strategy instance."
+            + did_you_mean(flag, ["auto", *STRATEGY_REGISTRY.names()])
         )
     factory, kwargs = STRATEGY_REGISTRY.get(name)
     return factory(**kwargs)
@@ -227,6 +253,7 @@ def _resolve_precision(flag: Any, plugin: Precision | None, strategy: Strategy, 
         raise FabricValueError(
             f"Fabric(precision={flag!r}): unknown precision {flag!r}. Choose one of: {_names(PRECISIONS)} "
             "(or the legacy 32, 64, 16, 'bf16'), or pass a Precision plugin."
+            + did_you_mean(str(flag), [*PRECISIONS, *(k for k in LEGACY_PRECISION if isinstance(k, str))])
         )
     return _make_precision(name, accel, strategy)
 

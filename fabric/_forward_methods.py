@@ -20,6 +20,15 @@ STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 _MISSING = object()
 
 
+class _ForwardGuard:
+    """How deep a wrapper's forward is running; the original module's forward outside it goes around the strategy."""
+
+    __slots__ = ("depth",)
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
 def default_forward_methods(module: Module) -> set[str]:
     """The step methods `module` defines, which are routed through the wrapped forward without being marked."""
     return {name for name in STEP_METHODS if callable(getattr(type(module), name, None))}
@@ -65,16 +74,26 @@ def call_through_forward(wrapper_forward: Callable[..., Any], module: Module, na
         restore()
 
 
-def tracked(module: Module, name: str, method: Callable[..., Any], done: set[str]) -> Callable[..., Any]:
-    """`method`, which warns (once per name) if it runs the module's layers outside the strategy's wrapper."""
+def tracked(
+    module: Module, name: str, method: Callable[..., Any], done: set[str], guard: _ForwardGuard | None = None
+) -> Callable[..., Any]:
+    """`method`, which warns (once per name) if it runs the module's layers outside the strategy's wrapper.
+
+    `guard` (the wrapper's, if it has one) is raised meanwhile: this warning, which names the method, stands in for
+    the general one about calling the original module's forward.
+    """
 
     def call(*args: Any, **kwargs: Any) -> Any:
         done.add(name)
         bypassed: list[str] = []
         hooks = [m.register_forward_pre_hook(lambda m, _: bypassed.append(type(m).__name__)) for m in module.modules()]
+        if guard is not None:
+            guard.depth += 1
         try:
             return method(*args, **kwargs)
         finally:
+            if guard is not None:
+                guard.depth -= 1
             for hook in hooks:
                 hook.remove()
             if bypassed:

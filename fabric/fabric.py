@@ -14,7 +14,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric import _collectives, _lightning_module, _setup
+from fabric import _collectives, _lightning_module, _mistakes, _setup
 from fabric._connector import connect
 from fabric._hooks import call_hook
 from fabric.accelerators.accelerator import Accelerator
@@ -24,7 +24,7 @@ from fabric.loggers.logger import Logger
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_to_device
 from fabric.utilities.device_dtype_mixin import update_device_dtype
-from fabric.utilities.exceptions import FabricTypeError, FabricValueError
+from fabric.utilities.exceptions import FabricTypeError
 from fabric.utilities.seed import seed_everything as _seed_everything
 from fabric.wrappers import (
     _BackwardState,
@@ -63,6 +63,11 @@ class Fabric:
         self._strategy, self._under_cli = connect(accelerator, strategy, devices, num_nodes, precision, plugins)
         self._callbacks = _setup.as_list(callbacks)
         self._loggers = _setup.as_list(loggers)
+        _mistakes.check_loggers(self._loggers)
+        # Per object, not per process: two Fabrics in one process each check and warn on their own.
+        self._warn_once = _mistakes.WarnOnce()
+        self._setup_record = _mistakes.SetupRecord()
+        self._backward_checked = False
         # _launched: this process's environment is set up. _launch_called: the user called launch().
         self._launched = False
         self._launch_called = False
@@ -203,18 +208,22 @@ class Fabric:
     ) -> Any:
         """Set up a model and its optimizers; returns the model, or (model, *optimizers[, scheduler])."""
         self._validate_launched("setup")
-        _setup.check_not_wrapped(module, "setup")
-        for opt in optimizers:
-            _setup.check_not_wrapped(opt, "setup")
+        self._setup_record.check_new_module("setup", module)
+        self._setup_record.check_new_optimizers("setup", optimizers)
         if scheduler is not None:
             _setup.check_scheduler(scheduler, optimizers, self._strategy)
+        name = type(self._strategy).__name__
+        _mistakes.check_optimizer_params(module, optimizers, self.world_size, name, self._warn_once)
+        user_module = module
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
         forward_module, opts = self._strategy.setup_module_and_optimizers(module, optimizers)
         original = _uncompiled(module) if _reapply_compile else module
-        wrapped = self._wrap_module(forward_module, original, move_to_device)
+        wrapped = self._wrap_module(forward_module, original, move_to_device, user_module)
         wrapped_opts = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in opts]
+        self._setup_record.add_module(user_module)
+        self._setup_record.add_optimizers(optimizers)
         _lightning_module.attach(original, self, self._callbacks, wrapped_opts)
         self.call("on_after_setup", fabric=self, module=wrapped)
         if not optimizers:
@@ -224,12 +233,14 @@ class Fabric:
     def setup_module(self, module: Module, move_to_device: bool = True, _reapply_compile: bool = True) -> _FabricModule:
         """Set up a model alone (call before creating optimizers for sharded strategies)."""
         self._validate_launched("setup_module")
-        _setup.check_not_wrapped(module, "setup_module")
+        self._setup_record.check_new_module("setup_module", module)
+        user_module = module
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
         original = _uncompiled(module) if _reapply_compile else module
-        wrapped = self._wrap_module(self._strategy.setup_module(module), original, move_to_device)
+        wrapped = self._wrap_module(self._strategy.setup_module(module), original, move_to_device, user_module)
+        self._setup_record.add_module(user_module)
         # Lightning fires on_after_setup from setup() only, and attaches no optimizers here.
         _lightning_module.attach(original, self, self._callbacks, None)
         return wrapped
@@ -244,10 +255,11 @@ class Fabric:
             )
         if not optimizers:
             raise FabricTypeError("fabric.setup_optimizers(): no optimizer was passed. Pass at least one optimizer.")
+        self._setup_record.check_new_optimizers("setup_optimizers", optimizers)
         wrapped = []
         for opt in optimizers:
-            _setup.check_not_wrapped(opt, "setup_optimizers")
             wrapped.append(_FabricOptimizer(self._strategy.setup_optimizer(opt), self._strategy, self._callbacks))
+        self._setup_record.add_optimizers(optimizers)
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def setup_dataloaders(
@@ -280,9 +292,14 @@ class Fabric:
         ]
         return loaders[0] if len(loaders) == 1 else loaders
 
-    def _wrap_module(self, forward_module: Module, original: Module, moved: bool) -> _FabricModule:
+    def _wrap_module(self, forward_module: Module, original: Module, moved: bool, user_module: Module) -> _FabricModule:
         state = self._backward_state if self._strategy.precision.requires_fabric_backward else None
-        wrapped = _FabricModule(forward_module, original, self._strategy.precision, state)
+        guard = _mistakes.existing_guard(user_module)
+        if guard is None and forward_module is not user_module and self.world_size > 1:
+            # Calling the user's module directly would go around the strategy: watch for it (see _mistakes).
+            name = type(self._strategy).__name__
+            guard = _mistakes.guard_forward(user_module, name, self.world_size, self._warn_once)
+        wrapped = _FabricModule(forward_module, original, self._strategy.precision, state, guard)
         # Sharded strategies and move_to_device=False leave no single root device: report where the weights are.
         first = next(original.parameters(), None)
         device = self.device if moved or first is None else first.device
@@ -293,6 +310,11 @@ class Fabric:
     # -- training step --------------------------------------------------------------------------
     def backward(self, tensor: Tensor, *args: Any, model: _FabricModule | None = None, **kwargs: Any) -> None:
         """Use instead of `loss.backward()`: goes through the strategy and precision (loss scaling, ...)."""
+        _mistakes.check_loss(tensor)
+        if not self._backward_checked:  # checked until it passes once: a set-up model stays set up
+            name = type(self._strategy).__name__
+            _mistakes.check_backward_has_model(self._setup_record.has_modules, self.world_size, name)
+            self._backward_checked = True
         module = model._forward_module if isinstance(model, _FabricModule) else model
         self._backward_state.active = True
         try:
@@ -310,11 +332,7 @@ class Fabric:
         error_if_nonfinite: bool = True,
     ) -> Tensor | None:
         """Clip by value (`clip_val`) or by total norm (`max_norm`, returns the norm); unscales first."""
-        if (clip_val is None) == (max_norm is None):
-            raise FabricValueError(
-                f"fabric.clip_gradients(clip_val={clip_val}, max_norm={max_norm}): pass exactly one of them: "
-                "clip_val clamps each gradient value, max_norm rescales the total gradient norm."
-            )
+        _mistakes.check_clip_limits(clip_val, max_norm)
         opt = unwrap_objects(optimizer)
         if max_norm is not None:
             return self._strategy.clip_gradients_norm(

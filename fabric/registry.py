@@ -6,7 +6,7 @@ listed in lower case.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from fabric.utilities.exceptions import FabricValueError
@@ -64,3 +64,35 @@ class Registry(Generic[T]):
 
 def _key(name: str) -> str:
     return name.lower()
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """ " Did you mean 'x'?" with the choice closest to a misspelt `name`, or "" when none is close.
+
+    Closest: fewest edits (a swap of two neighbours counts as one, the commonest typo), then the same length (a
+    typo replaces or swaps letters more often than it drops one: 'dpp' is 'ddp', not 'dp'), then registration order.
+    """
+    name = name.lower()
+    limit = max(1, len(name) // 3)
+    ranked = sorted(
+        (_edits(name, choice), abs(len(choice) - len(name)), index, choice) for index, choice in enumerate(choices)
+    )
+    if not ranked or ranked[0][0] > limit:
+        return ""
+    return f" Did you mean {ranked[0][3]!r}?"
+
+
+def _edits(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of neighbours that turn `a` into `b` (Damerau-Levenshtein,
+    optimal string alignment)."""
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        current = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = 0 if a[i - 1] == b[j - 1] else 1
+            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                current[j] = min(current[j], previous2[j - 2] + 1)
+        previous2, previous = previous, current
+    return previous[len(b)]

@@ -13,6 +13,7 @@ from torch.optim import Optimizer
 
 from fabric import _forward_methods
 from fabric._dataloader import _FabricDataLoader
+from fabric._forward_methods import _ForwardGuard
 from fabric.precision.precision import Precision
 from fabric.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
 
@@ -39,6 +40,7 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         original_module: Module,
         precision: Precision,
         backward_state: _BackwardState | None = None,
+        forward_guard: _ForwardGuard | None = None,
     ) -> None:
         super().__init__()
         self._forward_module = forward_module
@@ -48,6 +50,8 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         self._precision = precision
         # Only hooked when a plain loss.backward() would silently be wrong; otherwise zero cost.
         self._backward_state = backward_state
+        # Set only when calling the original module directly would bypass a multi-process strategy (see _mistakes).
+        self._forward_guard = forward_guard
         # Methods routed through the wrapped forward (see fabric/_forward_methods.py), and those checked once.
         self._forward_methods = _forward_methods.default_forward_methods(original_module)
         self._checked_methods: set[str] = set()
@@ -60,14 +64,21 @@ class _FabricModule(_DeviceDtypeModuleMixin):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Convert inputs, run forward under autocast/dtype policy, convert outputs."""
-        precision = self._precision
-        if not precision.changes_forward:
-            output = self._forward_call(*args, **kwargs)
-        else:
-            args, kwargs = precision.convert_input((args, kwargs))
-            with precision.forward_context():
+        guard = self._forward_guard
+        if guard is not None:  # tells the original module's hook that this call comes through the strategy
+            guard.depth += 1
+        try:
+            precision = self._precision
+            if not precision.changes_forward:
                 output = self._forward_call(*args, **kwargs)
-            output = precision.convert_output(output)
+            else:
+                args, kwargs = precision.convert_input((args, kwargs))
+                with precision.forward_context():
+                    output = self._forward_call(*args, **kwargs)
+                output = precision.convert_output(output)
+        finally:
+            if guard is not None:
+                guard.depth -= 1
         if self._backward_state is not None:
             _hook_outputs(output, self._backward_state)
         return output
@@ -99,7 +110,7 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         checked = self.__dict__["_checked_methods"]
         wrapped = self.__dict__["_forward_call"] is not original
         if wrapped and name not in checked and getattr(attribute, "__self__", None) is original:
-            return _forward_methods.tracked(original, name, attribute, checked)
+            return _forward_methods.tracked(original, name, attribute, checked, self.__dict__["_forward_guard"])
         return attribute
 
     def __setattr__(self, name: str, value: Any) -> None:

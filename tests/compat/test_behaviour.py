@@ -130,7 +130,8 @@ def test_setup_fires_on_after_setup_with_the_fabric_and_the_wrapped_module() -> 
     hooks = _Hooks()
     fabric = _fabric(callbacks=hooks)
     model = fabric.setup(nn.Linear(2, 2))
-    model2, _ = fabric.setup(nn.Linear(2, 2), torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
+    module = nn.Linear(2, 2)
+    model2, _ = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     assert [(c["fabric"], c["module"]) for c in hooks.after_setup] == [(fabric, model), (fabric, model2)]
 
 
@@ -163,7 +164,8 @@ def test_on_after_optimizer_step_gets_only_the_arguments_it_names() -> None:
             self.seen.append(strategy)
 
     fabric = _fabric(callbacks=OnlyStrategy())
-    _model, optimizer = fabric.setup(nn.Linear(2, 2), torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
+    module = nn.Linear(2, 2)
+    _model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=0.1))
     optimizer.step()
     assert OnlyStrategy.seen == [fabric.strategy]
 

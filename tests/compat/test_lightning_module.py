@@ -132,7 +132,8 @@ def test_plain_module_setup_does_not_import_lightning() -> None:
         "import sys, torch\n"
         "from fabric import Fabric\n"
         "f = Fabric(accelerator='cpu', devices=1)\n"
-        "m, o = f.setup(torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))\n"
+        "m = torch.nn.Linear(2, 2)\n"
+        "m, o = f.setup(m, torch.optim.SGD(m.parameters(), lr=0.1))\n"
         "m(torch.ones(1, 2)).sum().backward(); o.step(); f.call('on_train_end'); f.log('x', 1.0)\n"
         "print(sorted(n for n in sys.modules if n.split('.')[0] in ('lightning', 'lightning_fabric')))"
     )

@@ -26,6 +26,7 @@ from torch import nn
 
 from fabric import Fabric
 from fabric.strategies.deepspeed import DeepSpeedStrategy
+from fabric.utilities.warnings import PossibleUserWarning
 
 STEPS = 3
 LR = 0.05
@@ -148,10 +149,17 @@ def errors(rank: int, outdir: Path) -> dict[str, Any]:
     """Each misuse gives its message, on every rank, without a hang."""
     fabric = fabric_for(2)
     opt_a = torch.optim.SGD(make_model().parameters(), lr=0.1)
-    opt_b = torch.optim.SGD(make_model().parameters(), lr=0.1)
+    own = make_model()
+    # Partly outside the model: fabric's general check only warns (several processes); DeepSpeed refuses it.
+    partly = torch.optim.SGD([*own.parameters(), nn.Parameter(torch.zeros(2))], lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PossibleUserWarning)
+        partly_foreign = error_of(lambda: fabric.setup(own, partly))
+    both = [torch.optim.SGD(own.parameters(), lr=0.1) for _ in range(2)]
     result = {
         "foreign_optimizer": error_of(lambda: fabric.setup(make_model(), opt_a)),
-        "two_optimizers": error_of(lambda: fabric.setup(make_model(), opt_a, opt_b)),
+        "partly_foreign_optimizer": partly_foreign,
+        "two_optimizers": error_of(lambda: fabric.setup(own, *both)),
         "setup_optimizers": error_of(lambda: fabric.setup_optimizers(opt_a)),
     }
     inference = fabric_for(2)

@@ -23,7 +23,8 @@ from fabric import Fabric
 def use_fabric() -> dict:
     fabric = Fabric(accelerator="cpu")  # strategy and devices "auto": the existing group decides
     fabric.launch()
-    model, _ = fabric.setup(torch.nn.Linear(2, 1), torch.optim.SGD(torch.nn.Linear(2, 1).parameters()))
+    module = torch.nn.Linear(2, 1)
+    model, _ = fabric.setup(module, torch.optim.SGD(module.parameters()))
     total = fabric.all_reduce(torch.tensor(float(fabric.global_rank + 1)), reduce_op="sum")
     seen = {
         "strategy": type(fabric.strategy).__name__,

@@ -21,7 +21,8 @@ from fabric import Fabric
 
 def finetune(fabric: Fabric) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    model, optimizer = fabric.setup(torch.nn.Linear(4, 2), torch.optim.SGD(torch.nn.Linear(4, 2).parameters()))
+    module = torch.nn.Linear(4, 2)
+    model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters()))
     for _ in range(2):
         loss = model(torch.full((3, 4), float(fabric.global_rank + 1))).sum()
         fabric.backward(loss)

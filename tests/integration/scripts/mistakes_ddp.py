@@ -1,0 +1,114 @@
+"""Two DDP processes making the mistakes only several processes expose, next to a correct loop.
+
+Usage: python mistakes_ddp.py OUTDIR. strategy="ddp" re-runs this script for rank 1. Each rank writes
+OUTDIR/rank{N}.json with:
+- backward_error: the message of fabric.backward on a loss from a model that was never set up;
+- setup_warnings: the warnings of fabric.setup with an optimizer that also holds a parameter outside the model;
+- correct_warnings: the warnings of a correct training loop (must be none), and whether its weights stayed equal
+  across ranks and equal to raw torch DDP's;
+- unwrapped_warnings: the warnings of two training steps through the original module (one expected), of an
+  inference call on it under torch.no_grad() (none expected), and whether the weights then differ across ranks.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from _it_common import outdir_from_argv, write_json
+from torch import nn
+
+from fabric import Fabric
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def batch(rank: int, step: int) -> torch.Tensor:
+    # Different data on each rank: gradients that are not averaged make the replicas differ.
+    return torch.full((2, 4), float(rank + 1 + step))
+
+
+def caught(action: Callable[[], Any]) -> list[str]:
+    """The warnings `action` gives, every one recorded (Python's own once-per-line filter off)."""
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        action()
+    return [str(r.message) for r in records]
+
+
+def equal_across_ranks(fabric: Fabric, model: nn.Module) -> bool:
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = fabric.all_gather(flat)
+    return bool(torch.equal(gathered[0], gathered[1]))
+
+
+def raw_ddp_weights(rank: int, steps: int) -> torch.Tensor:
+    """The same loop in plain torch DDP, on the process group fabric created."""
+    model = nn.parallel.DistributedDataParallel(make_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        model(batch(rank, step)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def main() -> None:
+    out = outdir_from_argv()
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    fabric.launch()
+    rank = fabric.global_rank
+    report: dict[str, Any] = {}
+
+    never_set_up = make_model()
+    try:
+        fabric.backward(never_set_up(batch(rank, 0)).sum())
+        report["backward_error"] = None
+    except RuntimeError as error:
+        report["backward_error"] = str(error)
+
+    module = make_model()
+    extra = nn.Parameter(torch.ones(1))  # e.g. a learnable loss weight kept outside the model
+    optimizer = torch.optim.SGD([*module.parameters(), extra], lr=0.1)
+    report["setup_warnings"] = caught(lambda: fabric.setup(module, optimizer))
+
+    original = make_model()
+    state: dict[str, Any] = {}
+
+    def train_correctly() -> None:
+        model, opt = fabric.setup(original, torch.optim.SGD(original.parameters(), lr=0.1))
+        for step in range(3):
+            fabric.backward(model(batch(rank, step)).sum())
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            original(batch(rank, 0))  # inference on the original module: nothing can drift
+        state["model"], state["opt"] = model, opt
+
+    report["correct_warnings"] = caught(train_correctly)
+    report["correct_equal"] = equal_across_ranks(fabric, original)
+    fabric_weights = torch.cat([p.detach().reshape(-1) for p in original.parameters()])
+    report["matches_raw_ddp"] = bool(torch.equal(fabric_weights, raw_ddp_weights(rank, 3)))
+
+    def train_through_original() -> None:
+        opt = state["opt"]
+        for step in range(2):
+            fabric.backward(original(batch(rank, step)).sum())  # the mistake: the module, not the returned model
+            opt.step()
+            opt.zero_grad()
+
+    report["unwrapped_warnings"] = caught(train_through_original)
+    report["unwrapped_equal"] = equal_across_ranks(fabric, original)
+    write_json(out / f"rank{rank}.json", report)
+    fabric.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

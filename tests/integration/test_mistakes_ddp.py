@@ -1,0 +1,39 @@
+"""Mistakes only several processes expose, caught on 2 real DDP ranks; a correct loop there gives no warning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import _it_runner as runner
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+JOB_TIMEOUT = 240
+
+
+def test_ddp_mistakes_are_named_and_a_correct_loop_stays_silent(tmp_path: Path) -> None:
+    run = runner.run_script("mistakes_ddp.py", str(tmp_path), timeout=JOB_TIMEOUT)
+    assert run.returncode == 0, run.output
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert seen["backward_error"].startswith(
+            "fabric.backward(): no model was set up with this Fabric, but DDPStrategy runs 2 processes."
+        )
+        assert "Set the model up first" in seen["backward_error"]
+        assert len(seen["setup_warnings"]) == 1
+        assert seen["setup_warnings"][0].startswith(
+            "fabric.setup(Sequential, ..., SGD): 1 of the optimizer's parameters (shapes [1]) are not in the model. "
+            "DDPStrategy averages only the model's gradients across the 2 processes"
+        )
+        # A correct loop (and inference on the original module under no_grad) warns about nothing, and trains
+        # exactly as raw torch DDP does.
+        assert seen["correct_warnings"] == []
+        assert seen["correct_equal"] and seen["matches_raw_ddp"]
+        # Two training steps through the original module: one warning (once per Fabric), and the drift it names.
+        assert len(seen["unwrapped_warnings"]) == 1
+        assert seen["unwrapped_warnings"][0].startswith(
+            "Sequential.forward() was called on the module you passed to fabric.setup(), not on the model "
+            "fabric.setup() returned, while gradients are enabled. That call bypasses DDPStrategy"
+        )
+        assert not seen["unwrapped_equal"], "the replicas should have drifted apart, as the warning says"
