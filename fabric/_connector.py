@@ -11,6 +11,7 @@ import torch
 from fabric._cli_flags import cli_flags, merge_cli_flags, under_cli
 from fabric.accelerators import ACCELERATOR_REGISTRY, Accelerator
 from fabric.accelerators.cuda import check_bf16_supported
+from fabric.accelerators.xla import XLAAccelerator, on_tpu_host
 from fabric.environments import ClusterEnvironment, ProcessGroupEnvironment, detect_environment
 from fabric.io import CheckpointIO, TorchCheckpointIO
 from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
@@ -142,6 +143,9 @@ def _resolve_accelerator(flag: str | Accelerator, strategy: Strategy | None) -> 
 
 
 def _auto_accelerator() -> Accelerator:
+    # XLA only on a TPU host: torch_xla installed for CPU tests must not turn 'auto' into XLA on the CPU.
+    if on_tpu_host():
+        return XLAAccelerator()
     for name in ("cuda", "mps", "cpu"):
         factory, kwargs = ACCELERATOR_REGISTRY.get(name)
         if factory.is_available():  # type: ignore[attr-defined]

@@ -36,6 +36,7 @@ SUPPORTED: list[tuple[str, str]] = [
     *(("fabric.accelerators", n) for n in ("Accelerator", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator")),
     ("fabric.accelerators", "find_usable_cuda_devices"),
     ("fabric.accelerators", "ACCELERATOR_REGISTRY"),
+    ("fabric.accelerators", "XLAAccelerator"),
     # strategies
     *(
         ("fabric.strategies", n)
@@ -214,7 +215,6 @@ SUPPORTED: list[tuple[str, str]] = [
 # TPU support is a later issue. Until then these must NOT import, so nobody forgets them silently: when one
 # starts to import, move it to SUPPORTED.
 XLA_LATER: list[tuple[str, str]] = [
-    ("fabric.accelerators", "XLAAccelerator"),
     ("fabric.strategies", "XLAStrategy"),
     ("fabric.strategies", "XLAFSDPStrategy"),
     ("fabric.strategies", "SingleDeviceXLAStrategy"),
