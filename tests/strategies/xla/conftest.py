@@ -6,6 +6,7 @@ and collectives, with tensors on the CPU, and `calls` lists every call in order.
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import types
@@ -80,6 +81,7 @@ def _build(fake: FakeXLA) -> dict[str, types.ModuleType]:
 
     def spawn(fn: Any, args: tuple = (), nprocs: int | None = None, start_method: str = "spawn") -> None:
         fake.calls.append(("spawn", nprocs, start_method))
+        os.environ["PJRT_LOCAL_PROCESS_COUNT"] = str(fake.devices)  # as torch_xla's launched processes have it
         for ordinal in range(1 if nprocs == 1 else fake.devices):
             fake.ordinal = ordinal
             # Every real process gets its own copy of the function and arguments (torch_xla pickles them).

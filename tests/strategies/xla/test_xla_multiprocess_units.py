@@ -22,7 +22,10 @@ from .conftest import FakeMpDeviceLoader, FakeXLA, FakeXlaFSDP
 
 
 def _worker(fabric: Fabric, tag: str) -> dict:
-    """Runs in each (fake) process."""
+    """Runs in each (fake) process; records which processes rank_zero_only lets through."""
+    from fabric.utilities.rank_zero import rank_zero_only
+
+    Path(tag, f"rank{fabric.global_rank}").write_text(str(rank_zero_only(lambda: "zero", default="other")()))
     return {"tag": tag, "rank": fabric.global_rank, "world": fabric.world_size, "t": torch.ones(2)}
 
 
@@ -41,19 +44,23 @@ def test_defaults_pick_single_xla_for_one_device_and_xla_for_all(fake_xla: FakeX
     assert fabric.world_size == 4  # before the launch: the processes this host will start
 
 
-def test_launch_reenters_the_function_in_every_process_and_returns_rank_zeros_result(fake_xla: FakeXLA) -> None:
+def test_launch_reenters_the_function_in_every_process_and_returns_rank_zeros_result(
+    fake_xla: FakeXLA, tmp_path: Path
+) -> None:
     fabric = Fabric(accelerator="tpu", devices=4)
-    result = fabric.launch(_worker, "hello")
+    result = fabric.launch(_worker, str(tmp_path))
     assert fake_xla.calls[0] == ("spawn", None, "fork")  # None: torch_xla starts one process per device
-    assert result["tag"] == "hello" and result["rank"] == 0 and result["world"] == 4
+    assert result["tag"] == str(tmp_path) and result["rank"] == 0 and result["world"] == 4
+    # rank_zero_only (loggers, rank_zero_warn) knows the ranks torch_xla gave the processes.
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(4)] == ["zero", "other", "other", "other"]
     assert result["t"].device.type == "cpu"
     ends = [call for call in fake_xla.calls if call[:2] == ("rendezvous", "fabric-launch-end")]
     assert len(ends) == 4  # every process waits for the others before leaving
 
 
-def test_one_device_runs_in_this_process(fake_xla: FakeXLA) -> None:
+def test_one_device_runs_in_this_process(fake_xla: FakeXLA, tmp_path: Path) -> None:
     fabric = Fabric(accelerator="tpu", strategy="xla", devices=1)
-    assert fabric.launch(_worker, "one")["world"] == 4  # world size as torch_xla's runtime reports it
+    assert fabric.launch(_worker, str(tmp_path))["world"] == 4  # world size as torch_xla's runtime reports it
     assert fake_xla.calls[0] == ("spawn", 1, "fork")
 
 
