@@ -196,6 +196,16 @@ def test_pairing_errors(fake_xla: FakeXLA) -> None:
         Fabric(accelerator="tpu", devices=2)
 
 
+def test_several_cpu_devices_are_refused_with_the_reason(fake_xla: FakeXLA, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.setenv("CPU_NUM_DEVICES", "4")
+    with pytest.raises(RuntimeError, match=r"strategy='xla', devices=4\) with PJRT_DEVICE=CPU.*pytorch/xla#9496"):
+        Fabric(accelerator="xla", devices=4)
+    with pytest.raises(RuntimeError, match=r"strategy='xla_fsdp', devices=4\) with PJRT_DEVICE=CPU"):
+        Fabric(accelerator="xla", devices=4, strategy="xla_fsdp")
+    assert isinstance(Fabric(accelerator="xla", devices=1, strategy="xla").strategy, XLAStrategy)
+
+
 def test_environment_reads_torch_xlas_runtime(fake_xla: FakeXLA) -> None:
     fake_xla.ordinal = 3
     env = XLAEnvironment()
