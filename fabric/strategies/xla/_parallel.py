@@ -54,6 +54,7 @@ class XLAParallelStrategy(ParallelStrategy):
 
     def _connect(self, **components: Any) -> None:
         """Check that the connector's accelerator and precision are XLA's; the launcher is torch_xla's."""
+        components["checkpoint_io"] = _common.default_checkpoint_io(components["checkpoint_io"])
         super()._connect(**components)
         _common.check_components(self._name, self._accelerator, self._precision)
         _refuse_several_cpu_devices(self._name, self.num_processes)

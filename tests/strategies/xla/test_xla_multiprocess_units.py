@@ -14,6 +14,7 @@ from torch import nn
 
 from fabric import Fabric
 from fabric.environments import XLAEnvironment
+from fabric.io import AsyncCheckpointIO, TorchCheckpointIO, XLACheckpointIO
 from fabric.precision import HalfPrecision, XLAPrecision
 from fabric.strategies import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLAStrategy
 from fabric.strategies.launchers.xla import XLALauncher
@@ -42,6 +43,9 @@ def test_defaults_pick_single_xla_for_one_device_and_xla_for_all(fake_xla: FakeX
     assert isinstance(launcher, XLALauncher)
     assert (launcher.num_processes, launcher.start_method, launcher.is_interactive_compatible) == (4, "fork", True)
     assert fabric.world_size == 4  # before the launch: the processes this host will start
+    assert isinstance(fabric.strategy.checkpoint_io, XLACheckpointIO)
+    own = AsyncCheckpointIO(TorchCheckpointIO())
+    assert Fabric(accelerator="tpu", devices=1, plugins=[own]).strategy.checkpoint_io is own
 
 
 def test_launch_reenters_the_function_in_every_process_and_returns_rank_zeros_result(
