@@ -39,13 +39,15 @@ def setup_dataloader(
             f"fabric.setup_dataloaders({type(loader).__name__}): expected a torch.utils.data.DataLoader. "
             "Wrap your dataset in DataLoader(dataset, batch_size=...) first."
         )
+    # Workers are seeded before the strategy sees the loader: a strategy may return a loader of another type
+    # (torch_xla's MpDeviceLoader) that cannot be rebuilt with a worker_init_fn.
+    seed, seed_workers = current_seed_config()
+    if seed_workers and seed is not None:
+        loader = add_worker_init_fn(loader, rank=strategy.global_rank)
     if not even_batches:
         loader = _exact_dataloader(strategy, loader, use_sampler)
     elif use_sampler:
         loader = strategy.process_dataloader(loader)
-    seed, seed_workers = current_seed_config()
-    if seed_workers and seed is not None:
-        loader = add_worker_init_fn(loader, rank=strategy.global_rank)
     root = strategy.root_device
     device = root if move and root.type != "cpu" else None
     return _FabricDataLoader(loader, device=device, move_fn=move_to_device if device is not None else None)

@@ -11,6 +11,7 @@ from fabric.strategies.model_parallel import ModelParallelStrategy
 from fabric.strategies.parallel import ParallelStrategy
 from fabric.strategies.single_device import SingleDeviceStrategy
 from fabric.strategies.strategy import Strategy
+from fabric.strategies.xla import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLAStrategy
 
 STRATEGY_REGISTRY: Registry[Strategy] = Registry("strategy")
 STRATEGY_REGISTRY.register("single_device", SingleDeviceStrategy, "One process on one device")
@@ -53,6 +54,9 @@ STRATEGY_REGISTRY.register(
 )
 # Lightning 1.x Trainer's name for fairscale's FSDP: registered so that asking for it explains what to use instead.
 STRATEGY_REGISTRY.register("ddp_fully_sharded", fairscale_fsdp_requested, "fairscale's FSDP: not offered, use fsdp")
+STRATEGY_REGISTRY.register("single_xla", SingleDeviceXLAStrategy, "One process on one XLA device (TPU core)")
+STRATEGY_REGISTRY.register("xla", XLAStrategy, "One process per XLA device; gradients averaged in the optimizer step")
+STRATEGY_REGISTRY.register("xla_fsdp", XLAFSDPStrategy, "torch_xla's FSDP v1: parameters sharded over XLA devices")
 
 __all__ = [
     "STRATEGY_REGISTRY",
@@ -64,5 +68,8 @@ __all__ = [
     "ModelParallelStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
+    "SingleDeviceXLAStrategy",
     "Strategy",
+    "XLAFSDPStrategy",
+    "XLAStrategy",
 ]
