@@ -117,9 +117,10 @@ class XLAParallelStrategy(ParallelStrategy):
         return optimizer
 
     # -- data and collectives ---------------------------------------------------------------------
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
-        """This process's shard of the data (a distributed sampler), brought to the device by MpDeviceLoader."""
-        sharded = super().process_dataloader(dataloader)
+    def process_dataloader(self, dataloader: DataLoader, *, even_batches: bool = True) -> DataLoader:
+        """This process's shard of the data (a distributed sampler, unpadded if not even_batches), brought to the
+        device by MpDeviceLoader."""
+        sharded = super().process_dataloader(dataloader, even_batches=even_batches)
         return _common.device_loader(sharded, self.root_device)
 
     def barrier(self, name: str | None = None) -> None:

@@ -38,6 +38,10 @@ class XLAFSDPStrategy(XLAParallelStrategy):
 
     _name = "xla_fsdp"
 
+    @property
+    def _forward_is_collective(self) -> bool:
+        return True  # every forward gathers the sharded parameters, so ranks must run the same number of batches
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

@@ -67,8 +67,9 @@ class SingleDeviceXLAStrategy(SingleDeviceStrategy):
         self._moves.update(optimizer)
         return optimizer
 
-    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
-        """The whole dataset, with batches brought to the device by torch_xla's background loader."""
+    def process_dataloader(self, dataloader: DataLoader, *, even_batches: bool = True) -> DataLoader:
+        """The whole dataset (every sample once, whatever even_batches says), with batches brought to the device
+        by torch_xla's background loader."""
         return _common.device_loader(dataloader, self.root_device)
 
     def save_checkpoint(
