@@ -35,11 +35,12 @@ def setup_dataloader(strategy: Strategy, loader: Any, use_sampler: bool, move: b
             f"fabric.setup_dataloaders({type(loader).__name__}): expected a torch.utils.data.DataLoader. "
             "Wrap your dataset in DataLoader(dataset, batch_size=...) first."
         )
-    if use_sampler:
-        loader = strategy.process_dataloader(loader)
+    # Workers are seeded first: a strategy may return a loader that is no DataLoader to rebuild (XLA's wrappers).
     seed, seed_workers = current_seed_config()
     if seed_workers and seed is not None:
         loader = add_worker_init_fn(loader, rank=strategy.global_rank)
+    if use_sampler:
+        loader = strategy.process_dataloader(loader)
     root = strategy.root_device
     device = root if move and root.type != "cpu" else None
     return _FabricDataLoader(loader, device=device, move_fn=move_to_device if device is not None else None)
