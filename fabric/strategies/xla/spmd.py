@@ -184,11 +184,17 @@ class XLASPMDStrategy(OneProcessStrategy):
         check_reduce_op(reduce_op)
         return tensor
 
-    def barrier(self, name: str | None = None) -> None:
-        """Nobody to wait for; pending XLA work is run so that timing around a barrier means what it says."""
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step, then cut the lazy graph here: each training step compiles (once) and runs as one program."""
         import torch_xla
 
+        result = super().optimizer_step(optimizer, **kwargs)
         torch_xla.sync()
+        return result
+
+    def barrier(self, name: str | None = None) -> None:
+        """Nobody to wait for; the XLA work queued so far runs to completion first."""
+        _run_pending()
 
     # -- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(
@@ -203,6 +209,7 @@ class XLASPMDStrategy(OneProcessStrategy):
         from fabric.checkpoint import state as _state
         from fabric.strategies.xla import spmd_checkpoint
 
+        _run_pending()  # checkpoints read the tensors' device data, which must not be waiting on queued work
         if storage_options is not None:
             raise FabricTypeError(
                 "XLASPMDStrategy.save_checkpoint(storage_options=...): checkpoints of xla_spmd take no storage "
@@ -234,6 +241,7 @@ class XLASPMDStrategy(OneProcessStrategy):
         from fabric.checkpoint import sharded as _sharded_checkpoint
         from fabric.strategies.xla import spmd_checkpoint
 
+        _run_pending()
         if _sharded_checkpoint.is_sharded_checkpoint(path):
             return _sharded_checkpoint.load(path, state, strict, weights_only, planner=spmd_checkpoint.load_planner)
         return super().load_checkpoint(path, state, strict, weights_only)
@@ -247,3 +255,11 @@ def _require_torch_xla() -> None:
             "Fabric(strategy='xla_spmd'): torch_xla is not installed. Install it with `pip install "
             "'torchfabric[xla]'` (on a TPU VM: `pip install 'torch_xla[tpu]'`)."
         )
+
+
+def _run_pending() -> None:
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    torch_xla.sync()
+    xm.wait_device_ops()

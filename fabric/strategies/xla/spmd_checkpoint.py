@@ -8,6 +8,7 @@ any other sharded checkpoint, without torch_xla.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from typing import Any
 
@@ -28,7 +29,26 @@ def save_planner() -> Any:
             # The metadata's planner_data says which nested entry each flat key came from, as torch records it.
             self.mappings = mappings
 
+        def create_local_plan(self) -> Any:
+            # A tensor split along some mesh axes and copied along others has several copies of each shard.
+            # torch_xla 2.9 plans a write for every copy, and DCP then records none of the tensor (seen with a
+            # (fsdp, model) mesh): write each distinct shard once, from its first copy.
+            plan = super().create_local_plan()
+            items = [item for item in plan.items if _first_copy(self.sharded_state_dict, item.index)]
+            return dataclasses.replace(plan, items=items)
+
     return _SavePlanner()
+
+
+def _first_copy(sharded: dict[str, Any], index: Any) -> bool:
+    """Whether a write item is an unsharded entry or the replica-0 copy of a shard of a sharded tensor."""
+    import torch_xla
+
+    tensor = sharded.get(index.fqn)
+    if tensor is None or not hasattr(tensor, "global_tensor"):
+        return True
+    replica, _ = torch_xla._XLAC._get_local_shard_replica_and_indices([tensor.global_tensor])[0][index.index]
+    return replica == 0
 
 
 def load_planner(allow_partial_load: bool) -> Any:
