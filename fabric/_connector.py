@@ -60,7 +60,8 @@ def connect(
     accel = _resolve_accelerator(accelerator, user_strategy)
     indices = _resolve_devices(accel, devices, num_nodes, environment, strategy)
     if user_strategy is None:
-        user_strategy = _build_strategy(strategy, indices, num_nodes, accelerator, devices)
+        user_strategy = _build_strategy(strategy, indices, num_nodes, accelerator, devices, accel)
+    _check_xla_pairing(accel, user_strategy, accelerator, strategy)
     precision_plugin = _resolve_precision(precision, precision_plugin, user_strategy, accel)
     if isinstance(user_strategy, SingleDeviceStrategy) and len(indices) * num_nodes > 1:
         raise FabricValueError(
@@ -198,14 +199,20 @@ def _standalone_in_group(env: ClusterEnvironment, strategy: Any) -> bool:
     return single and isinstance(env, ProcessGroupEnvironment)
 
 
-def _build_strategy(flag: Any, indices: list[int], num_nodes: int, accelerator: Any, devices: Any) -> Strategy:
+def _build_strategy(
+    flag: Any, indices: list[int], num_nodes: int, accelerator: Any, devices: Any, accel: Accelerator
+) -> Strategy:
     if not isinstance(flag, str):
         raise FabricTypeError(
             f"Fabric(strategy={flag!r}): expected a strategy name or a Strategy instance. Pass e.g. 'ddp'."
         )
     name = flag
     if name == "auto":
-        name = "ddp" if len(indices) * num_nodes > 1 else "single_device"
+        many = len(indices) * num_nodes > 1
+        if isinstance(accel, XLAAccelerator):
+            name = "xla" if many else "single_xla"
+        else:
+            name = "ddp" if many else "single_device"
     if name not in STRATEGY_REGISTRY:
         raise FabricValueError(
             f"Fabric(strategy={flag!r}): unknown strategy {flag!r}. Choose one of: auto, "
@@ -213,6 +220,16 @@ def _build_strategy(flag: Any, indices: list[int], num_nodes: int, accelerator: 
         )
     factory, kwargs = STRATEGY_REGISTRY.get(name)
     return factory(**kwargs)
+
+
+def _check_xla_pairing(accel: Accelerator, strategy: Strategy, accelerator_flag: Any, strategy_flag: Any) -> None:
+    """XLA devices need a strategy that drives them (torch_xla's step and loader); others would skip them silently."""
+    if isinstance(accel, XLAAccelerator) and not strategy.drives_xla:
+        raise FabricValueError(
+            f"Fabric(accelerator={accelerator_flag!r}, strategy={_describe(strategy_flag)}): "
+            f"{type(strategy).__name__} does not drive XLA devices (it would skip torch_xla's optimizer step and "
+            "device loader). Use strategy='auto', 'single_xla', 'xla' or 'xla_fsdp'."
+        )
 
 
 def _resolve_precision(flag: Any, plugin: Precision | None, strategy: Strategy, accel: Accelerator) -> Precision:

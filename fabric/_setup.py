@@ -35,7 +35,8 @@ def setup_dataloader(strategy: Strategy, loader: Any, use_sampler: bool, move: b
             f"fabric.setup_dataloaders({type(loader).__name__}): expected a torch.utils.data.DataLoader. "
             "Wrap your dataset in DataLoader(dataset, batch_size=...) first."
         )
-    # Workers are seeded first: a strategy may return a loader that is no DataLoader to rebuild (XLA's wrappers).
+    # Workers are seeded before the strategy sees the loader: a strategy may return a loader of another type
+    # (torch_xla's MpDeviceLoader) that cannot be rebuilt with a worker_init_fn.
     seed, seed_workers = current_seed_config()
     if seed_workers and seed is not None:
         loader = add_worker_init_fn(loader, rank=strategy.global_rank)

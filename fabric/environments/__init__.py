@@ -8,8 +8,10 @@ from fabric.environments.lsf import LSFEnvironment
 from fabric.environments.mpi import MPIEnvironment
 from fabric.environments.slurm import SLURMEnvironment
 from fabric.environments.torchelastic import TorchElasticEnvironment
+from fabric.environments.xla import XLAEnvironment
 
 # Checked in this order; the first whose detect() is true wins. DefaultEnvironment always matches.
+# XLAEnvironment is not in the list: the XLA strategies bring their own.
 # SLURM comes first but steps aside when torchrun runs inside the allocation (see SLURMEnvironment.detect).
 # One class per line, so an entry can be added or moved without touching the others.
 DETECTION_ORDER: tuple[type[ClusterEnvironment], ...] = (
@@ -42,5 +44,6 @@ __all__ = [
     "ProcessGroupEnvironment",
     "SLURMEnvironment",
     "TorchElasticEnvironment",
+    "XLAEnvironment",
     "detect_environment",
 ]

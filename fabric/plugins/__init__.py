@@ -1,7 +1,7 @@
 """Lightning Fabric's ``plugins`` import path: re-exports of fabric.precision, fabric.environments and fabric.io."""
 
 from fabric.environments import ClusterEnvironment
-from fabric.io import CheckpointIO, TorchCheckpointIO
+from fabric.io import CheckpointIO, TorchCheckpointIO, XLACheckpointIO
 from fabric.precision import (
     BitsandbytesPrecision,
     DeepSpeedPrecision,
@@ -11,6 +11,7 @@ from fabric.precision import (
     MixedPrecision,
     Precision,
     TransformerEnginePrecision,
+    XLAPrecision,
 )
 
 __all__ = [
@@ -25,4 +26,6 @@ __all__ = [
     "Precision",
     "TorchCheckpointIO",
     "TransformerEnginePrecision",
+    "XLACheckpointIO",
+    "XLAPrecision",
 ]

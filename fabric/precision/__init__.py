@@ -8,6 +8,7 @@ from fabric.precision.fsdp import FSDPPrecision
 from fabric.precision.half import HalfPrecision
 from fabric.precision.precision import Precision
 from fabric.precision.transformer_engine import TransformerEnginePrecision
+from fabric.precision.xla import XLAPrecision
 
 __all__ = [
     "BitsandbytesPrecision",
@@ -18,4 +19,5 @@ __all__ = [
     "MixedPrecision",
     "Precision",
     "TransformerEnginePrecision",
+    "XLAPrecision",
 ]

@@ -9,7 +9,7 @@ from fabric.strategies.model_parallel import ModelParallelStrategy
 from fabric.strategies.parallel import ParallelStrategy
 from fabric.strategies.single_device import SingleDeviceStrategy
 from fabric.strategies.strategy import Strategy
-from fabric.strategies.xla.spmd import XLASPMDStrategy
+from fabric.strategies.xla import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLASPMDStrategy, XLAStrategy
 
 STRATEGY_REGISTRY: Registry[Strategy] = Registry("strategy")
 STRATEGY_REGISTRY.register("single_device", SingleDeviceStrategy, "One process on one device")
@@ -48,6 +48,9 @@ _DEEPSPEED_VARIANTS: dict[str, tuple[str, dict]] = {
 }  # fmt: skip
 for _name, (_what, _kwargs) in _DEEPSPEED_VARIANTS.items():
     STRATEGY_REGISTRY.register(_name, DeepSpeedStrategy, _what, **_kwargs)
+STRATEGY_REGISTRY.register("single_xla", SingleDeviceXLAStrategy, "One process on one XLA device (TPU core)")
+STRATEGY_REGISTRY.register("xla", XLAStrategy, "One process per XLA device; gradients averaged in the optimizer step")
+STRATEGY_REGISTRY.register("xla_fsdp", XLAFSDPStrategy, "torch_xla's FSDP v1: parameters sharded over XLA devices")
 
 __all__ = [
     "STRATEGY_REGISTRY",
@@ -58,6 +61,9 @@ __all__ = [
     "ModelParallelStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
+    "SingleDeviceXLAStrategy",
     "Strategy",
+    "XLAFSDPStrategy",
     "XLASPMDStrategy",
+    "XLAStrategy",
 ]

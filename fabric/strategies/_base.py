@@ -29,6 +29,9 @@ class _StrategyComponents:
     requires_launch: bool = False
     # Set True by strategies that must see model and optimizers together (DeepSpeed).
     requires_joint_setup: bool = False
+    # Set True by strategies that drive XLA devices (torch_xla's step, loader and collectives): the only ones
+    # accelerator='xla' accepts, since a strategy made for CUDA or the CPU would silently skip torch_xla's steps.
+    drives_xla: bool = False
 
     def __init__(
         self,

@@ -1,8 +1,7 @@
 """Every public import path of Lightning Fabric 2.6's API reference exists under `fabric.`, after the `sed` rename.
 
 The list is written out here (not read from an installed Lightning) so that the test needs no Lightning and
-says exactly what users can import. The TPU (XLA) names of a later issue (`XLA_LATER`) must not import yet, so
-nobody forgets them silently.
+says exactly what users can import.
 """
 
 from __future__ import annotations
@@ -212,18 +211,25 @@ SUPPORTED: list[tuple[str, str]] = [
     ),
 ]
 
-# TPU support is a later issue. Until then these must NOT import, so nobody forgets them silently: when one
-# starts to import, move it to SUPPORTED.
-XLA_LATER: list[tuple[str, str]] = [
+# TPUs through XLA (the classes import without torch_xla; using them needs it).
+XLA_PATHS: list[tuple[str, str]] = [
+    ("fabric.accelerators.xla", "XLAAccelerator"),
     ("fabric.strategies", "XLAStrategy"),
     ("fabric.strategies", "XLAFSDPStrategy"),
     ("fabric.strategies", "SingleDeviceXLAStrategy"),
+    ("fabric.strategies.xla", "XLAStrategy"),
+    ("fabric.strategies.single_xla", "SingleDeviceXLAStrategy"),
+    ("fabric.strategies.xla_fsdp", "XLAFSDPStrategy"),
     ("fabric.plugins", "XLAPrecision"),
     ("fabric.plugins.precision", "XLAPrecision"),
+    ("fabric.plugins.precision.xla", "XLAPrecision"),
     ("fabric.plugins", "XLACheckpointIO"),
     ("fabric.plugins.io", "XLACheckpointIO"),
+    ("fabric.plugins.io.xla", "XLACheckpointIO"),
     ("fabric.plugins.environments", "XLAEnvironment"),
+    ("fabric.plugins.environments.xla", "XLAEnvironment"),
 ]
+SUPPORTED += XLA_PATHS
 
 
 def _import(path: str, name: str) -> object:
@@ -236,12 +242,6 @@ def _import(path: str, name: str) -> object:
 @pytest.mark.parametrize(("path", "name"), SUPPORTED, ids=[f"{p}.{n}" for p, n in SUPPORTED])
 def test_lightning_import_path_exists(path: str, name: str) -> None:
     assert _import(path, name) is not None
-
-
-@pytest.mark.parametrize(("path", "name"), XLA_LATER, ids=[f"{p}.{n}" for p, n in XLA_LATER])
-def test_xla_names_are_not_there_yet(path: str, name: str) -> None:
-    with pytest.raises(ImportError):
-        _import(path, name)
 
 
 def test_plugin_paths_are_our_own_classes_not_copies() -> None:
@@ -270,7 +270,8 @@ def test_no_listed_module_imports_an_optional_heavy_dependency() -> None:
     modules = sorted({path for path, _ in SUPPORTED})
     code = (
         f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
-        "heavy = ('lightning', 'lightning_fabric', 'lightning_utilities', 'deepspeed', 'fsspec', 'tensorboard')\n"
+        "heavy = ('lightning', 'lightning_fabric', 'lightning_utilities', 'deepspeed', 'fsspec', 'tensorboard', "
+        "'torch_xla')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

@@ -8,6 +8,7 @@ from fabric.environments import (
     MPIEnvironment,
     SLURMEnvironment,
     TorchElasticEnvironment,
+    XLAEnvironment,
 )
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "MPIEnvironment",
     "SLURMEnvironment",
     "TorchElasticEnvironment",
+    "XLAEnvironment",
 ]

@@ -9,6 +9,7 @@ from fabric.precision import (
     MixedPrecision,
     Precision,
     TransformerEnginePrecision,
+    XLAPrecision,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "MixedPrecision",
     "Precision",
     "TransformerEnginePrecision",
+    "XLAPrecision",
 ]

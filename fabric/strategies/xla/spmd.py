@@ -20,6 +20,7 @@ from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies._one_process import OneProcessStrategy
 from fabric.strategies.xla import spmd_mesh
+from fabric.strategies.xla._common import check_components
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class XLASPMDStrategy(OneProcessStrategy):
         shard_output: torch_xla's FSDPv2 `shard_output(output, mesh)`, for forwards that return no tensor first.
         state_dict_type: "sharded" (a torch.distributed.checkpoint directory) or "full" (one file of CPU tensors).
     """
+
+    drives_xla = True
 
     def __init__(
         self,
@@ -91,6 +94,7 @@ class XLASPMDStrategy(OneProcessStrategy):
                 "from one process; meshes across hosts are not supported. Use num_nodes=1, or strategy='xla' "
                 "(one process per device) on several hosts."
             )
+        check_components("xla_spmd", None, self._precision)
         available = accelerator.auto_device_count()
         if len(parallel_devices) != available:
             raise FabricValueError(
@@ -99,6 +103,13 @@ class XLASPMDStrategy(OneProcessStrategy):
                 "choose how they are split."
             )
         self.mesh_shape = spmd_mesh.resolve_shape(self._mesh_argument, self.axis_names, available, name)
+
+    def _precision_plugin(self, name: str, device_type: str) -> Precision | None:
+        """XLAPrecision for every precision given by name: its optimizer step also ends the lazy graph, so each
+        training step compiles once and runs as one program."""
+        from fabric.precision.xla import XLAPrecision
+
+        return XLAPrecision(name)
 
     @property
     def root_device(self) -> torch.device:
@@ -183,14 +194,6 @@ class XLASPMDStrategy(OneProcessStrategy):
 
         check_reduce_op(reduce_op)
         return tensor
-
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        """Step, then cut the lazy graph here: each training step compiles (once) and runs as one program."""
-        import torch_xla
-
-        result = super().optimizer_step(optimizer, **kwargs)
-        torch_xla.sync()
-        return result
 
     def barrier(self, name: str | None = None) -> None:
         """Nobody to wait for; the XLA work queued so far runs to completion first."""

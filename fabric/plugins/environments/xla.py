@@ -1,0 +1,5 @@
+"""Lightning Fabric's import path ``plugins.environments.xla`` (a re-export)."""
+
+from fabric.environments.xla import XLAEnvironment
+
+__all__ = ["XLAEnvironment"]

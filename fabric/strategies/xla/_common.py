@@ -1,0 +1,120 @@
+"""What the XLA strategies share: component checks, the device loader, collectives through torch_xla."""
+
+from __future__ import annotations
+
+import pickle
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from fabric.utilities.distributed import check_reduce_op
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from fabric.accelerators.accelerator import Accelerator
+    from fabric.precision.precision import Precision
+
+# fabric's reduce_op names -> torch_xla's reduce types ("mean" is a sum divided afterwards).
+_XLA_REDUCE = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}
+
+
+def check_components(strategy: str, accelerator: Accelerator | None, precision: Precision | None) -> None:
+    """XLA strategies run only on the XLA accelerator, with XLAPrecision (whose step goes through torch_xla)."""
+    from fabric.accelerators.xla import XLAAccelerator
+    from fabric.precision.xla import XLAPrecision
+
+    if accelerator is not None and not isinstance(accelerator, XLAAccelerator):
+        raise FabricValueError(
+            f"Fabric(strategy={strategy!r}, accelerator={type(accelerator).__name__}): the XLA strategies run only "
+            "on XLA devices. Pass accelerator='xla' (or 'tpu'), or choose a strategy for this hardware."
+        )
+    if precision is not None and not isinstance(precision, XLAPrecision):
+        raise FabricTypeError(
+            f"Fabric(strategy={strategy!r}, plugins=[{type(precision).__name__}]): the XLA strategies need "
+            "XLAPrecision, whose optimizer step runs through torch_xla. Pass precision='bf16-mixed' (or another "
+            "name), or plugins=[XLAPrecision(...)]."
+        )
+
+
+def device_loader(dataloader: DataLoader, device: torch.device) -> Any:
+    """`dataloader` wrapped in torch_xla's MpDeviceLoader: batches arrive on `device`, loaded in the background.
+
+    The wrapper answers `dataset`, `sampler`, `batch_sampler` and `num_workers` as the DataLoader does, so code
+    (and fabric) that reads them keeps working.
+    """
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    if isinstance(dataloader, MpDeviceLoader):
+        return dataloader
+    wrapped = MpDeviceLoader(dataloader, device)
+    for name in ("dataset", "sampler", "batch_sampler", "num_workers", "batch_size"):
+        setattr(wrapped, name, getattr(dataloader, name, None))
+    return wrapped
+
+
+def check_group(operation: str, group: Any) -> None:
+    """torch_xla's collectives span every process; torch.distributed groups mean nothing to them."""
+    if group is not None:
+        raise FabricValueError(
+            f"{operation}(group={group!r}): the XLA strategies reduce over all processes, and torch.distributed "
+            "process groups do not apply to XLA collectives. Call it without group=."
+        )
+
+
+def all_reduce(tensor: Tensor, reduce_op: Any, device: torch.device, world_size: int) -> Tensor:
+    """Reduce over all processes through `xm.all_reduce`; the result is on the tensor's device, the input unchanged."""
+    import torch_xla.core.xla_model as xm
+
+    op = check_reduce_op(reduce_op)
+    original = tensor.device
+    value = tensor.to(device)
+    if op == "mean" and not torch.is_floating_point(value):
+        value = value.float()
+    result = xm.all_reduce(_XLA_REDUCE[op], value)
+    if op == "mean":
+        result = result / world_size
+    return result.to(original)
+
+
+def all_gather(tensor: Tensor, device: torch.device, sync_grads: bool) -> Tensor:
+    """Stack every process's tensor along a new first dimension (as the other strategies do)."""
+    if not isinstance(tensor, Tensor):
+        raise FabricTypeError(
+            f"all_gather({type(tensor).__name__}): the XLA strategies gather tensors only. Pass a tensor, or use "
+            "fabric.broadcast for other objects."
+        )
+    original = tensor.device
+    value = tensor.unsqueeze(0).to(device)
+    if sync_grads:
+        import torch_xla.core.functions as xf
+
+        gathered = xf.all_gather(value)
+    else:
+        import torch_xla.core.xla_model as xm
+
+        gathered = xm.all_gather(value)
+    return gathered.to(original)
+
+
+def broadcast(obj: Any, src: int, device: torch.device, rank: int) -> Any:
+    """Tensors through `xm.collective_broadcast`; other objects pickled through a rendezvous (any size, any type)."""
+    import torch_xla.core.xla_model as xm
+
+    if isinstance(obj, Tensor):
+        original = obj.device
+        holder = [obj.to(device)]
+        xm.collective_broadcast(holder, root_ordinal=src)
+        return holder[0].to(original)
+    # Every process sends bytes, only the source's are read: the others' sizes need not match, unlike a tensor's.
+    payloads = xm.rendezvous("fabric-broadcast", pickle.dumps(obj) if rank == src else b"")
+    return pickle.loads(payloads[src])
+
+
+def barrier(name: str | None) -> None:
+    """Every process waits at the rendezvous named `name`."""
+    import torch_xla.core.xla_model as xm
+
+    xm.rendezvous(name or "fabric-barrier")
