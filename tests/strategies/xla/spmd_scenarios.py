@@ -37,7 +37,7 @@ def _data() -> TensorDataset:
     )
 
 
-def _eager(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+def _eager(model: nn.Module, dtype: torch.dtype = torch.float32, clip: float | None = None) -> nn.Module:
     """The same loop in plain eager PyTorch on the CPU: the reference."""
     model = model.to(dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
@@ -45,6 +45,8 @@ def _eager(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
         loss = nn.functional.cross_entropy(model(x.to(dtype)).float(), y)
         optimizer.zero_grad()
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
     return model
 
@@ -55,7 +57,7 @@ def _spec(tensor: torch.Tensor) -> str:
     return torch_xla._XLAC._get_xla_sharding_spec(tensor)
 
 
-def _train(fabric: Fabric, model: nn.Module) -> tuple[Any, Any, list[list[str]]]:
+def _train(fabric: Fabric, model: nn.Module, clip: float | None = None) -> tuple[Any, Any, list[list[str]]]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     model, optimizer = fabric.setup(model, optimizer)
     loader = fabric.setup_dataloaders(DataLoader(_data(), batch_size=8))
@@ -65,6 +67,8 @@ def _train(fabric: Fabric, model: nn.Module) -> tuple[Any, Any, list[list[str]]]
         loss = nn.functional.cross_entropy(model(x).float(), y)
         optimizer.zero_grad()
         fabric.backward(loss)
+        if clip is not None:
+            fabric.clip_gradients(model, optimizer, max_norm=clip)
         optimizer.step()
     return model, optimizer, batch_specs
 
@@ -89,6 +93,33 @@ def train(fabric: Fabric) -> dict[str, Any]:
         "all_reduce": fabric.all_reduce(x, reduce_op="sum").cpu().tolist(),
         "all_gather_shape": list(fabric.all_gather(x).shape),
         "wrapper": type(wrapped._forward_module).__name__,
+    }
+
+
+def clipped(fabric: Fabric) -> dict[str, Any]:
+    """Gradient-norm clipping over sharded gradients: the norm is the whole model's, as in eager."""
+    model = _model()
+    reference = _eager(copy.deepcopy(model), clip=0.1)
+    _train(fabric, model, clip=0.1)
+    return {"max_diff": _max_diff(model, reference)}
+
+
+def foreign_checkpoint(fabric: Fabric, outdir: Path) -> dict[str, Any]:
+    """A DCP directory written by plain torch on the CPU (as an fsdp run's would be) loads into sharded weights."""
+    import torch.distributed.checkpoint as dcp
+
+    source = _model()
+    with torch.no_grad():
+        for p in source.parameters():
+            p.mul_(2.0)
+    dcp.save({"model": source.state_dict(), "epoch": 7}, storage_writer=dcp.FileSystemWriter(outdir / "foreign"))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    state = {"model": fabric.setup(model), "epoch": 0}
+    fabric.load(outdir / "foreign", state)
+    return {
+        "epoch": state["epoch"],
+        "diff": _max_diff(model, source),
+        "specs": {name: _spec(p) for name, p in model.named_parameters()},
     }
 
 
@@ -172,6 +203,8 @@ SCENARIOS: dict[str, tuple[Callable[..., dict[str, Any]], dict[str, Any]]] = {
     ),
     "checkpoint": (checkpoint, {"sharding_plan": {"2.weight": (None, "model")}, "mesh_shape": (2, 2)}),
     "full_checkpoint": (full_checkpoint, {"state_dict_type": "full"}),
+    "foreign_checkpoint": (foreign_checkpoint, {}),
+    "clipped": (clipped, {}),
     "bf16-true": (bf16, {}),
     "bf16-mixed": (bf16, {}),
     "plan_errors": (plan_errors, {}),
@@ -187,7 +220,7 @@ def main() -> None:
         precision = name if name.startswith("bf16") else None
         fabric = Fabric(accelerator="xla", strategy=XLASPMDStrategy(**kwargs), precision=precision)
         fabric.launch()
-        args = (fabric, outdir) if function in (checkpoint, full_checkpoint) else (fabric,)
+        args = (fabric, outdir) if function in (checkpoint, full_checkpoint, foreign_checkpoint) else (fabric,)
         results[name] = function(*args)
     (outdir / "result.json").write_text(json.dumps(results))
 

@@ -40,7 +40,7 @@ def _run(script: str, *args: str, xla: bool = True) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
 
 
-_TRAINING = "fsdp,data_parallel,hybrid,tensor_parallel,plan_errors,bf16-true,bf16-mixed"
+_TRAINING = "fsdp,data_parallel,hybrid,tensor_parallel,clipped,plan_errors,bf16-true,bf16-mixed"
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_tensor_parallel_plan_shards_the_named_weights_along_model(training: dic
 
 
 def test_sharded_checkpoint_round_trips_and_loads_on_cpu_without_torch_xla(tmp_path: Path) -> None:
-    _run("spmd_scenarios.py", "checkpoint,full_checkpoint", str(tmp_path))
+    _run("spmd_scenarios.py", "checkpoint,full_checkpoint,foreign_checkpoint", str(tmp_path))
     results = json.loads((tmp_path / "result.json").read_text())
     result = results["checkpoint"]  # TP-sharded and FSDPv2-sharded tensors, Adam state, a plain value
     assert result["files"] == [".metadata", "__0_0.distcp"]
@@ -120,6 +120,14 @@ def test_sharded_checkpoint_round_trips_and_loads_on_cpu_without_torch_xla(tmp_p
     assert result["is_file"] and result["devices"] == ["cpu"]
     assert result["reload_diff"] == 0.0
     assert result["reload_specs"]["0.weight"] == _SHARDED_4
+    # A DCP directory plain torch wrote on the CPU (any sharded run's format) loads into the sharded weights.
+    foreign = results["foreign_checkpoint"]
+    assert foreign["epoch"] == 7 and foreign["diff"] == 0.0
+    assert foreign["specs"]["0.weight"] == _SHARDED_4
+
+
+def test_gradient_clipping_uses_the_norm_of_the_whole_model(training: dict[str, Any]) -> None:
+    assert training["clipped"]["max_diff"] < _FLOAT32_TOL
 
 
 def test_bf16_true_trains_in_bfloat16(training: dict[str, Any]) -> None:

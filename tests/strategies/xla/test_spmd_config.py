@@ -144,3 +144,16 @@ def test_mesh_before_launch_is_explained() -> None:
     fabric = Fabric(accelerator="xla", strategy="xla_spmd")
     with pytest.raises(RuntimeError, match=r"the mesh is built when the process is set up"):
         fabric.strategy.mesh  # type: ignore[attr-defined]  # noqa: B018
+
+
+@pytest.mark.usefixtures("four_xla_devices")
+def test_precision_is_xla_precision_and_refuses_what_xla_cannot_do() -> None:
+    from fabric.precision import MixedPrecision, XLAPrecision
+
+    fabric = Fabric(accelerator="xla", strategy="xla_spmd", precision="bf16-mixed")
+    assert isinstance(fabric.strategy.precision, XLAPrecision)
+    assert fabric.strategy.precision.precision == "bf16-mixed"
+    with pytest.raises(ValueError, match=r"precision='16-mixed'\): float16 autocast needs loss scaling"):
+        Fabric(accelerator="xla", strategy="xla_spmd", precision="16-mixed")
+    with pytest.raises(TypeError, match=r"plugins=\[MixedPrecision\]\): the XLA strategies need XLAPrecision"):
+        Fabric(accelerator="xla", strategy="xla_spmd", plugins=[MixedPrecision("bf16-mixed", device="xla")])
