@@ -34,21 +34,26 @@ def save_planner() -> Any:
             # torch_xla 2.9 plans a write for every copy, and DCP then records none of the tensor (seen with a
             # (fsdp, model) mesh): write each distinct shard once, from its first copy.
             plan = super().create_local_plan()
-            items = [item for item in plan.items if _first_copy(self.sharded_state_dict, item.index)]
+            copies = _replica_ids(self.sharded_state_dict)
+            items = [
+                item
+                for item in plan.items
+                if item.index.fqn not in copies or copies[item.index.fqn][item.index.index] == 0
+            ]
             return dataclasses.replace(plan, items=items)
 
     return _SavePlanner()
 
 
-def _first_copy(sharded: dict[str, Any], index: Any) -> bool:
-    """Whether a write item is an unsharded entry or the replica-0 copy of a shard of a sharded tensor."""
+def _replica_ids(sharded: dict[str, Any]) -> dict[str, list[int]]:
+    """For each sharded XLA tensor, the replica id of each of its local shards, in torch_xla's shard order."""
     import torch_xla
 
-    tensor = sharded.get(index.fqn)
-    if tensor is None or not hasattr(tensor, "global_tensor"):
-        return True
-    replica, _ = torch_xla._XLAC._get_local_shard_replica_and_indices([tensor.global_tensor])[0][index.index]
-    return replica == 0
+    names = [name for name, value in sharded.items() if hasattr(value, "global_tensor")]
+    if not names:
+        return {}
+    found = torch_xla._XLAC._get_local_shard_replica_and_indices([sharded[name].global_tensor for name in names])
+    return {name: [replica for replica, _ in shards] for name, shards in zip(names, found, strict=True)}
 
 
 def load_planner(allow_partial_load: bool) -> Any:
