@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -12,6 +13,8 @@ from fabric.utilities.distributed import check_reduce_op
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+    from torch.optim import Optimizer
     from torch.utils.data import DataLoader
 
     from fabric.accelerators.accelerator import Accelerator
@@ -37,6 +40,39 @@ def check_components(strategy: str, accelerator: Accelerator | None, precision: 
             "XLAPrecision, whose optimizer step runs through torch_xla. Pass precision='bf16-mixed' (or another "
             "name), or plugins=[XLAPrecision(...)]."
         )
+
+
+class ParameterMoves:
+    """Which device parameter replaced which CPU parameter when a module moved to an XLA device.
+
+    Moving to XLA creates new Parameter objects (a CPU tensor cannot become an XLA tensor in place), so an optimizer
+    created before `fabric.setup` would keep stepping the stale CPU parameters. Its references are swapped for the
+    device ones when it is set up. Weak references: this record does not keep the CPU parameters alive.
+    """
+
+    def __init__(self) -> None:
+        # Keyed by id: tensors compare elementwise, so they cannot be dictionary keys by value.
+        self._moved: dict[int, tuple[weakref.ref[Tensor], Tensor]] = {}
+
+    def move(self, module: Module, device: torch.device) -> None:
+        """Move `module` to `device`, remembering each parameter's replacement."""
+        before = dict(module.named_parameters(remove_duplicate=False))
+        module.to(device)
+        after = dict(module.named_parameters(remove_duplicate=False))
+        for name, old in before.items():
+            new = after.get(name)
+            if new is not None and new is not old:
+                self._moved[id(old)] = (weakref.ref(old), new)
+
+    def update(self, optimizer: Optimizer) -> None:
+        """Point the optimizer's parameter groups at the moved parameters."""
+        for group in optimizer.param_groups:
+            group["params"] = [self._replacement(p) for p in group["params"]]
+
+    def _replacement(self, param: Tensor) -> Tensor:
+        old, new = self._moved.get(id(param), (None, None))
+        # The id may belong to a newer object if the old parameter was freed: check it is still the same one.
+        return new if old is not None and new is not None and old() is param else param
 
 
 def device_loader(dataloader: DataLoader, device: torch.device) -> Any:

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.checkpoint import state as _checkpoint
@@ -48,6 +50,7 @@ class XLAParallelStrategy(ParallelStrategy):
         # Ranks and the device exist only inside the processes torch_xla starts; asking the runtime in the
         # launching process would start it there, and torch_xla then refuses to launch.
         self._launched = False
+        self._moves = _common.ParameterMoves()
 
     def _connect(self, **components: Any) -> None:
         """Check that the connector's accelerator and precision are XLA's; the launcher is torch_xla's."""
@@ -101,6 +104,15 @@ class XLAParallelStrategy(ParallelStrategy):
         self._launched = True
         if self.accelerator is not None:
             self.accelerator.setup_device(self.root_device)
+
+    def module_to_device(self, module: Module) -> None:
+        """Move the module to this process's device, remembering which new parameters replaced the CPU ones."""
+        self._moves.move(module, self.root_device)
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Point an optimizer created before the move at the parameters on the device."""
+        self._moves.update(optimizer)
+        return optimizer
 
     # -- data and collectives ---------------------------------------------------------------------
     def process_dataloader(self, dataloader: DataLoader) -> DataLoader:

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.nn import Module
+from torch.optim import Optimizer
 
 from fabric.accelerators.accelerator import Accelerator
 from fabric.checkpoint import state as _checkpoint
@@ -36,6 +38,7 @@ class SingleDeviceXLAStrategy(SingleDeviceStrategy):
             device = torch.device("xla", device)
         super().__init__(device=device, accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         _common.check_components("single_xla", accelerator, precision)
+        self._moves = _common.ParameterMoves()
 
     def _connect(self, **components: Any) -> None:
         """Check that the connector's accelerator and precision are XLA's."""
@@ -53,6 +56,15 @@ class SingleDeviceXLAStrategy(SingleDeviceStrategy):
         import torch_xla  # noqa: F401
 
         super().setup_environment()
+
+    def module_to_device(self, module: Module) -> None:
+        """Move the module to the XLA device, remembering which new parameters replaced the CPU ones."""
+        self._moves.move(module, self.root_device)
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Point an optimizer created before the move at the parameters on the device."""
+        self._moves.update(optimizer)
+        return optimizer
 
     def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
         """The whole dataset, with batches brought to the device by torch_xla's background loader."""
