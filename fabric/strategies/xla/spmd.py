@@ -7,7 +7,7 @@ collective, so the script sees one process, one device and whole (logical) tenso
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies._one_process import OneProcessStrategy
 from fabric.strategies.xla import spmd_mesh
-from fabric.strategies.xla._common import check_components
+from fabric.strategies.xla._common import ParameterMoves, check_components
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ class XLASPMDStrategy(OneProcessStrategy):
         self._shard_output = shard_output
         self.mesh_shape: tuple[int, ...] | None = None
         self._mesh: Mesh | None = None
+        self._moves = ParameterMoves()
 
     def _connect(self, *, parallel_devices: list[torch.device], num_nodes: int, **components: Any) -> None:
         """The XLA accelerator, one machine, every one of its devices: then the mesh's sizes are known."""
@@ -145,27 +146,19 @@ class XLASPMDStrategy(OneProcessStrategy):
         self._mesh = spmd_mesh.build_mesh(self.mesh_shape, self.axis_names)
 
     def module_to_device(self, module: Module) -> None:
-        """Nothing yet: setup_module moves the model, where the optimizers can follow its new parameters."""
+        """Move the module to the mesh's device, remembering which new parameters replaced the CPU ones."""
+        self._moves.move(module, self.root_device)
 
-    def setup_module_and_optimizers(
-        self, module: Module, optimizers: Iterable[Optimizer]
-    ) -> tuple[Module, list[Optimizer]]:
-        """Moving to XLA replaces the parameter objects: point each optimizer at the new ones, by name."""
-        from fabric.strategies.fsdp.utils import parameter_names, rebind_optimizer
-
-        optimizers = list(optimizers)
-        names = parameter_names(module)
-        sharded = self.setup_module(module)
-        for optimizer in optimizers:
-            rebind_optimizer(optimizer, names, module, type(self).__name__)
-        return sharded, optimizers
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Point an optimizer created before the move at the parameters on the device."""
+        self._moves.update(optimizer)
+        return optimizer
 
     def setup_module(self, module: Module) -> Module:
-        """Move to the mesh, shard the parameters the plan names, then the rest FSDPv2-style if there is an
-        'fsdp' axis."""
+        """Shard the parameters the plan names, then the rest FSDPv2-style if the mesh has an 'fsdp' axis."""
         import torch_xla.distributed.spmd as xs
 
-        module.to(self.root_device)
+        self.module_to_device(module)  # already there unless setup(move_to_device=False)
         specs = spmd_mesh.match_plan(self._plan, module.named_parameters(), type(self).__name__)
         params = dict(module.named_parameters())
         for name, spec in specs.items():

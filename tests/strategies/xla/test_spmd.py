@@ -1,7 +1,7 @@
 """xla_spmd for real: torch_xla on four virtual CPU devices (PJRT_DEVICE=CPU, CPU_NUM_DEVICES=4).
 
 SPMD mode and the device count are fixed once torch_xla starts, so each scenario runs in a fresh process
-(spmd_scenarios.py). Skipped where torch_xla is not installed (the torch 2.9 + torch-xla environment runs them).
+(scripts/spmd_scenarios.py). Skipped where torch_xla is not installed (the torch 2.9 + torch-xla environment runs them).
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("torch_xla") is None,
-    reason="needs torch_xla (pip install 'torchfabric[xla]'); the torch 2.9 + torch-xla environment runs these",
-)
+pytestmark = [
+    pytest.mark.xla,
+    pytest.mark.skipif(
+        importlib.util.find_spec("torch_xla") is None,
+        reason="needs torch_xla (pip install 'torchfabric[xla]'); the torch 2.9 + torch-xla environment runs these",
+    ),
+]
 
-_HERE = Path(__file__).parent
-_ROOT = _HERE.parents[2]
+_SCRIPTS = Path(__file__).parent / "scripts"
+_ROOT = Path(__file__).parents[3]
 # Eager CPU and XLA's CPU backend run the same float32 math in a different order (XLA fuses and splits matmuls over
 # the devices): after 3 AdamW steps the weights agree to a few float32 ulps of values below 1, i.e. ~1e-7.
 _FLOAT32_TOL = 1e-5
@@ -35,12 +38,12 @@ def _run(script: str, *args: str, xla: bool = True) -> None:
     if xla:
         env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
     done = subprocess.run(
-        [sys.executable, str(_HERE / script), *args], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(_SCRIPTS / script), *args], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-4000:]
 
 
-_TRAINING = "fsdp,data_parallel,hybrid,tensor_parallel,clipped,plan_errors,bf16-true,bf16-mixed"
+_TRAINING = "fsdp,data_parallel,hybrid,tensor_parallel,clipped,two_step_setup,plan_errors,bf16-true,bf16-mixed"
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +127,11 @@ def test_sharded_checkpoint_round_trips_and_loads_on_cpu_without_torch_xla(tmp_p
     foreign = results["foreign_checkpoint"]
     assert foreign["epoch"] == 7 and foreign["diff"] == 0.0
     assert foreign["specs"]["0.weight"] == _SHARDED_4
+
+
+def test_optimizer_created_before_setup_module_follows_the_parameters(training: dict[str, Any]) -> None:
+    # setup_module moves the model (new parameter objects on XLA); setup_optimizers re-points the optimizer.
+    assert training["two_step_setup"]["max_diff"] < _FLOAT32_TOL
 
 
 def test_gradient_clipping_uses_the_norm_of_the_whole_model(training: dict[str, Any]) -> None:
