@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 # Makes a DCP load planner, given whether a partial load (strict=False) is allowed.
 PlannerFactory = Callable[[bool], Any]
+_Target = dict[str, Any] | Module | Optimizer | None
 
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
@@ -117,7 +118,7 @@ def save_full(
 
 def load(
     path: str | Path,
-    state: dict[str, Any] | Module | Optimizer | None,
+    state: _Target,
     strict: bool,
     weights_only: bool | None = None,
     planner: PlannerFactory | None = None,
@@ -176,11 +177,7 @@ def _save_sharded_remote(
 
 
 def _load_remote(
-    url: str,
-    state: dict[str, Any] | Module | Optimizer | None,
-    strict: bool,
-    weights_only: bool | None,
-    planner: PlannerFactory | None,
+    url: str, state: _Target, strict: bool, weights_only: bool | None, planner: PlannerFactory | None
 ) -> dict[str, Any]:
     if remote.is_dcp_url(url):
         return _load_sharded(url, state, strict, weights_only, planner)
@@ -214,11 +211,7 @@ class _Layout:
 
 
 def _load_sharded(
-    path: Path | str,
-    state: dict[str, Any] | Module | Optimizer | None,
-    strict: bool,
-    weights_only: bool | None,
-    planner: PlannerFactory | None = None,
+    path: Path | str, state: _Target, strict: bool, weights_only: bool | None, planner: PlannerFactory | None = None
 ) -> dict[str, Any]:
     if isinstance(path, str):
         layout = _Layout(remote.read_checked_metadata(path, "load", weights_only))
@@ -251,12 +244,7 @@ def _load_sharded(
 
 
 def _load_raw_module(
-    path: Path | str,
-    module: Module,
-    layout: _Layout,
-    strict: bool,
-    weights_only: bool | None,
-    planner: PlannerFactory | None = None,
+    path: Path | str, module: Module, layout: _Layout, strict: bool, weights_only: bool | None, planner: Any = None
 ) -> dict[str, Any]:
     """load_raw: the whole checkpoint is one module's state dict, keyed by its parameter names."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
@@ -300,11 +288,7 @@ def _check_entry(
 
 
 def _read_into(
-    path: Path | str,
-    targets: dict[str, Any],
-    strict: bool,
-    weights_only: bool | None,
-    planner: PlannerFactory | None = None,
+    path: Path | str, targets: dict[str, Any], strict: bool, weights_only: bool | None, planner: Any = None
 ) -> None:
     """DCP reads each rank's part of the saved tensors straight into `targets` (resharding as needed)."""
     from torch.distributed.checkpoint import load as dcp_load

@@ -19,15 +19,20 @@ if TYPE_CHECKING:
 
 def shard_batch(batch: Any, mesh: Mesh, device: torch.device) -> Any:
     """Every tensor in `batch` on `device`, dimension 0 split along the mesh's batch axes (0-d tensors whole)."""
+    import torch_xla.core.xla_model as xm
     import torch_xla.distributed.spmd as xs
 
     names = tuple(mesh.axis_names)
 
     def place(tensor: Tensor) -> Tensor:
-        moved = tensor.to(device)
         spec = batch_spec(names, tensor.dim())
+        # From host memory, each device receives only its slice. torch_xla 2.9's ShardingSpec fails on a 1-D
+        # tensor over a mesh of several axes (IndexError), so such tensors (labels, mostly) are moved whole and
+        # then annotated: XLA splits them when the step's program runs.
+        if spec is not None and tensor.device.type == "cpu" and (tensor.dim() > 1 or len(names) == 1):
+            return xm.send_cpu_data_to_device([tensor], device, xs.ShardingSpec(mesh, spec))[0]
+        moved = tensor.to(device)
         if spec is not None:
-            # An annotation, applied when the step's graph runs: each device then holds only its slice.
             xs.mark_sharding(moved, mesh, spec)
         return moved
 
