@@ -205,25 +205,25 @@ class XLASPMDStrategy(OneProcessStrategy):
         from fabric.checkpoint import state as _state
         from fabric.strategies.xla import spmd_checkpoint
 
-        _run_pending()  # checkpoints read the tensors' device data, which must not be waiting on queued work
         if storage_options is not None:
             raise FabricTypeError(
                 "XLASPMDStrategy.save_checkpoint(storage_options=...): checkpoints of xla_spmd take no storage "
                 "options. Drop storage_options."
             )
-        if self._state_dict_type == "full":
-            converted = _state.convert_state(state, self.get_module_state_dict, self.get_optimizer_state, filter)
-            self.checkpoint_io.save_checkpoint(spmd_checkpoint.to_cpu(converted), path)
-            return
-        if self.checkpoint_io.asynchronous:
+        sharded = self._state_dict_type == "sharded"
+        if sharded and self.checkpoint_io.asynchronous:
             raise FabricValueError(
                 f"XLASPMDStrategy.save_checkpoint({str(path)!r}) with {type(self.checkpoint_io).__name__}: sharded "
                 "xla_spmd checkpoints are written synchronously. Drop the asynchronous CheckpointIO, or use "
                 "XLASPMDStrategy(state_dict_type='full')."
             )
-        _sharded_checkpoint.save_sharded(
-            path, state, filter, 1, 0, self.barrier, planner=spmd_checkpoint.save_planner()
-        )
+        _run_pending()  # checkpoints read the tensors' device data, which must not be waiting on queued work
+        if sharded:
+            planner = spmd_checkpoint.save_planner()
+            _sharded_checkpoint.save_sharded(path, state, filter, 1, 0, self.barrier, planner=planner)
+            return
+        converted = _state.convert_state(state, self.get_module_state_dict, self.get_optimizer_state, filter)
+        self.checkpoint_io.save_checkpoint(spmd_checkpoint.to_cpu(converted), path)
 
     def load_checkpoint(
         self,

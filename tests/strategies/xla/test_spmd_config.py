@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -157,3 +158,16 @@ def test_precision_is_xla_precision_and_refuses_what_xla_cannot_do() -> None:
         Fabric(accelerator="xla", strategy="xla_spmd", precision="16-mixed")
     with pytest.raises(TypeError, match=r"plugins=\[MixedPrecision\]\): the XLA strategies need XLAPrecision"):
         Fabric(accelerator="xla", strategy="xla_spmd", plugins=[MixedPrecision("bf16-mixed", device="xla")])
+
+
+@pytest.mark.usefixtures("four_xla_devices")
+def test_sharded_saves_refuse_storage_options_and_background_writing(tmp_path: Path) -> None:
+    from fabric.io import AsyncCheckpointIO
+
+    fabric = Fabric(accelerator="xla", strategy="xla_spmd")
+    with pytest.raises(TypeError, match=r"checkpoints of xla_spmd take no storage options"):
+        fabric.strategy.save_checkpoint(tmp_path / "ckpt", {"step": 1}, storage_options={"mode": "x"})
+    fabric = Fabric(accelerator="xla", strategy="xla_spmd", plugins=[AsyncCheckpointIO()])
+    with pytest.raises(ValueError, match=r"with AsyncCheckpointIO: sharded xla_spmd checkpoints are written synchr"):
+        fabric.strategy.save_checkpoint(tmp_path / "ckpt", {"step": 1})
+    assert not (tmp_path / "ckpt").exists()
