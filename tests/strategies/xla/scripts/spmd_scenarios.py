@@ -130,10 +130,15 @@ def foreign_checkpoint(fabric: Fabric, outdir: Path) -> dict[str, Any]:
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     state = {"model": fabric.setup(model), "epoch": 0}
     fabric.load(outdir / "foreign", state)
+    # load_raw: a DCP directory holding one module's state dict, keyed by parameter name.
+    dcp.save(source.state_dict(), storage_writer=dcp.FileSystemWriter(outdir / "raw"))
+    raw = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    fabric.load_raw(outdir / "raw", fabric.setup(raw))
     return {
         "epoch": state["epoch"],
         "diff": _max_diff(model, source),
         "specs": {name: _spec(p) for name, p in model.named_parameters()},
+        "raw_diff": _max_diff(raw, source),
     }
 
 
