@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from fabric.environments.cluster_environment import ClusterEnvironment
+
+
+def launched_xla_rank() -> int | None:
+    """This process's global rank if torch_xla's launcher started it (it sets PJRT_LOCAL_PROCESS_COUNT), else None.
+
+    Never imports torch_xla: a process that did not import it was not started by its launcher.
+    """
+    if "PJRT_LOCAL_PROCESS_COUNT" not in os.environ or sys.modules.get("torch_xla") is None:
+        return None
+    from torch_xla import runtime as xr
+
+    return int(xr.global_ordinal())
 
 
 class XLAEnvironment(ClusterEnvironment):

@@ -201,6 +201,7 @@ class _StrategyComponents:
 
         if _sharded_checkpoint.is_sharded_checkpoint(path):
             return _sharded_checkpoint.load(path, state, strict, weights_only)
+        _refuse_xla_fsdp_shards(path)
         recorder = DeviceRecorder(self.root_device)  # type: ignore[attr-defined]
         if _deepspeed_checkpoint.is_deepspeed_checkpoint(path):
             # Model weights and the other entries; ZeRO's flat optimizer shards fit no plain optimizer.
@@ -232,3 +233,16 @@ class _StrategyComponents:
         if self._accelerator is not None:
             self._accelerator.teardown()
         self.checkpoint_io.teardown()
+
+
+def _refuse_xla_fsdp_shards(path: str | Path) -> None:
+    """xla_fsdp's per-process shards fit only an xla_fsdp model on as many processes; say how to read them here."""
+    from fabric.checkpoint.xla_fsdp import is_xla_fsdp_checkpoint
+    from fabric.utilities.exceptions import FabricValueError
+
+    if is_xla_fsdp_checkpoint(path):
+        raise FabricValueError(
+            f"load({str(path)!r}): this is a sharded xla_fsdp checkpoint (one file per process), which only "
+            "strategy='xla_fsdp' with the same number of processes loads. Merge it into one file of full weights "
+            "first: fabric.strategies.xla.consolidate_xla_fsdp_checkpoint(path, 'full.ckpt'), then load that."
+        )

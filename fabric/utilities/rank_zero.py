@@ -2,7 +2,8 @@
 
 Lightning keeps the rank in a module attribute that its strategies overwrite at launch. fabric keeps no
 such process-wide state: ``rank_zero_only.rank`` is read from the initialised ``torch.distributed``
-group, else from the scheduler that started the process (torchrun, SLURM, Kubeflow, LSF), else 0.
+group, else from torch_xla's runtime in a process its launcher started, else from the scheduler that
+started the process (torchrun, SLURM, Kubeflow, LSF), else 0.
 Assigning ``rank_zero_only.rank = N`` still works, as in Lightning, and then wins over all of those.
 """
 
@@ -27,7 +28,12 @@ def _detected_rank() -> int:
         return dist.get_rank()
     # Imported here: fabric.environments imports fabric.utilities, which imports this module.
     from fabric.environments import KubeflowEnvironment, LSFEnvironment, SLURMEnvironment, TorchElasticEnvironment
+    from fabric.environments.xla import launched_xla_rank
 
+    # torch_xla's launched processes join no torch.distributed group; its runtime knows their ranks.
+    xla_rank = launched_xla_rank()
+    if xla_rank is not None:
+        return xla_rank
     # MPI is left out on purpose: detecting it imports mpi4py, which initialises MPI as a side effect.
     for env_cls in (TorchElasticEnvironment, SLURMEnvironment, KubeflowEnvironment, LSFEnvironment):
         if env_cls.detect():

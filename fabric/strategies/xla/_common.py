@@ -75,6 +75,17 @@ class ParameterMoves:
         return new if old is not None and new is not None and old() is param else param
 
 
+def default_checkpoint_io(given: Any) -> Any:
+    """XLACheckpointIO in place of the connector's default TorchCheckpointIO (as Lightning's XLA strategies have it).
+
+    Any other plugin the user passed is kept: the XLA strategies hand it CPU tensors anyway.
+    """
+    from fabric.io.torch_io import TorchCheckpointIO
+    from fabric.io.xla import XLACheckpointIO
+
+    return XLACheckpointIO() if type(given) is TorchCheckpointIO else given
+
+
 def device_loader(dataloader: DataLoader, device: torch.device) -> Any:
     """`dataloader` wrapped in torch_xla's MpDeviceLoader: batches arrive on `device`, loaded in the background.
 

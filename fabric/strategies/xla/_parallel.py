@@ -54,8 +54,10 @@ class XLAParallelStrategy(ParallelStrategy):
 
     def _connect(self, **components: Any) -> None:
         """Check that the connector's accelerator and precision are XLA's; the launcher is torch_xla's."""
+        components["checkpoint_io"] = _common.default_checkpoint_io(components["checkpoint_io"])
         super()._connect(**components)
         _common.check_components(self._name, self._accelerator, self._precision)
+        _refuse_several_cpu_devices(self._name, self.num_processes)
 
     def _make_launcher(self) -> XLALauncher:
         return XLALauncher(self.num_processes, start_method=self._start_method)
@@ -165,3 +167,15 @@ class XLAParallelStrategy(ParallelStrategy):
         converted = _checkpoint.convert_state(state, self.get_module_state_dict, self.get_optimizer_state, filter)
         if self.is_global_zero:
             self.checkpoint_io.save_checkpoint(xla_state_to_cpu(converted), path, storage_options=storage_options)
+
+
+def _refuse_several_cpu_devices(name: str, num_processes: int) -> None:
+    """torch_xla's CPU devices cannot run a collective between replicas: say so instead of an abort at the first."""
+    from fabric.accelerators.xla import pjrt_device
+
+    if num_processes > 1 and pjrt_device() == "CPU":
+        raise RuntimeError(
+            f"Fabric(strategy={name!r}, devices={num_processes}) with PJRT_DEVICE=CPU: torch_xla cannot run "
+            "collectives between several CPU devices (its replicas abort at the first all_reduce, pytorch/xla#9496). "
+            "Use devices=1 to test on the CPU, or run on a TPU."
+        )

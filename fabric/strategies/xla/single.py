@@ -42,6 +42,7 @@ class SingleDeviceXLAStrategy(SingleDeviceStrategy):
 
     def _connect(self, **components: Any) -> None:
         """Check that the connector's accelerator and precision are XLA's."""
+        components["checkpoint_io"] = _common.default_checkpoint_io(components["checkpoint_io"])
         super()._connect(**components)
         _common.check_components("single_xla", self._accelerator, self._precision)
 

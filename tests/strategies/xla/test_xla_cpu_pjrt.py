@@ -52,6 +52,7 @@ def test_single_xla_trains_like_eager_cpu_and_checkpoints_load_without_torch_xla
     assert results["reload"] == 0.0
     assert results["reload_step"] == 7
     assert results["momentum_device"] == "xla:0"
+    assert results["io_devices"] == "cpu"
     assert results["bf16-true"] == {"param": "torch.bfloat16", "inner": ["torch.bfloat16"], "output": "torch.float32",
                                     "finite": True}  # fmt: skip
     assert results["bf16-mixed"] == {"param": "torch.float32", "inner": ["torch.bfloat16"], "output": "torch.float32",

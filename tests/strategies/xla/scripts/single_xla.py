@@ -11,6 +11,7 @@ from _common import dataset, eager_cpu_weights, make_model, max_difference, repo
 from torch import nn
 
 from fabric import Fabric
+from fabric.plugins.io import XLACheckpointIO
 
 
 def train(fabric: Fabric, epochs: int = 2) -> tuple[nn.Module, torch.optim.Optimizer, list[str]]:
@@ -55,6 +56,9 @@ def main(tmp: Path) -> None:
     buffer = again_opt.state_dict()["state"][0]["momentum_buffer"]
     results["momentum_device"] = str(buffer.device)
     torch.save(trained, tmp / "trained.pt")
+    # The plugin by itself (Lightning's XLACheckpointIO) also writes XLA tensors as CPU tensors.
+    XLACheckpointIO().save_checkpoint({"w": torch.ones(2, device=fabric.device)}, tmp / "io.ckpt")
+    results["io_devices"] = str(torch.load(tmp / "io.ckpt", weights_only=True)["w"].device)
 
     for precision in ("bf16-true", "bf16-mixed"):
         fabric = Fabric(accelerator="tpu", precision=precision)
