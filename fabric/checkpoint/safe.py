@@ -109,11 +109,12 @@ def _safe_bytes(planner: Any, path: str, op: str, weights_only: bool | None) -> 
     return planner
 
 
-def load_planner(strict: bool, path: str, op: str, weights_only: bool | None) -> Any:
-    """DCP's default load planner (partial loads allowed unless strict), with safe non-tensor values."""
+def load_planner(strict: bool, path: str, op: str, weights_only: bool | None, base: Any = None) -> Any:
+    """DCP's default load planner (partial loads allowed unless strict), or `base`, with safe non-tensor values."""
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
-    return _safe_bytes(DefaultLoadPlanner(allow_partial_load=not strict), path, op, weights_only)
+    planner = base if base is not None else DefaultLoadPlanner(allow_partial_load=not strict)
+    return _safe_bytes(planner, path, op, weights_only)
 
 
 def entries_planner(keys: set[str] | None, path: str, op: str, weights_only: bool | None) -> Any:

@@ -24,6 +24,10 @@ from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 if TYPE_CHECKING:
     from fabric.io.checkpoint_io import CheckpointIO
 
+# Makes a DCP load planner, given whether a partial load (strict=False) is allowed.
+PlannerFactory = Callable[[bool], Any]
+_Target = dict[str, Any] | Module | Optimizer | None
+
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
     """Whether `path` is a DCP checkpoint directory (complete or not: loading it names what is missing)."""
@@ -39,10 +43,14 @@ def save_sharded(
     world_size: int,
     global_rank: int,
     barrier: Callable[[], None],
+    planner: Any = None,
 ) -> None:
-    """Every rank writes its shards into a staging directory; once all are written, rank 0 swaps it into place."""
+    """Every rank writes its shards into a staging directory; once all are written, rank 0 swaps it into place.
+
+    `planner` replaces DCP's default save planner (xla_spmd passes torch_xla's, which writes each device's shard).
+    """
     if _fsspec.is_url(path):
-        _save_sharded_remote(str(path), state, filter, world_size, global_rank, barrier)
+        _save_sharded_remote(str(path), state, filter, world_size, global_rank, barrier, planner)
         return
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint import save as dcp_save
@@ -50,9 +58,10 @@ def save_sharded(
     path = _fsspec.local(path)
     refuse_file(path)
     converted = states.convert("save", state, filter, full=False)
+    staging = files.staging_dir(path)
     _staged_save(
         path, global_rank, barrier,
-        lambda: dcp_save(converted, storage_writer=FileSystemWriter(files.staging_dir(path)), no_dist=world_size == 1),
+        lambda: dcp_save(converted, storage_writer=FileSystemWriter(staging), planner=planner, no_dist=world_size == 1),
         files.prepare_staging, files.discard_staging, files.swap_into_place,
     )  # fmt: skip
 
@@ -108,18 +117,25 @@ def save_full(
 
 
 def load(
-    path: str | Path, state: dict[str, Any] | Module | Optimizer | None, strict: bool, weights_only: bool | None = None
+    path: str | Path,
+    state: _Target,
+    strict: bool,
+    weights_only: bool | None = None,
+    planner: PlannerFactory | None = None,
 ) -> dict[str, Any]:
     """Restore `state` in place from a DCP directory or a full file; return the entries `state` did not ask for.
 
-    Unless `weights_only` is False, nothing that could run code is unpickled (see _sharded_safe)."""
+    Unless `weights_only` is False, nothing that could run code is unpickled (see _sharded_safe). `planner` makes
+    the DCP load planner that reads into `state` in place, given whether a partial load is allowed (xla_spmd passes
+    torch_xla's, which fills each device's shard); by default DCP's own.
+    """
     if _fsspec.is_url(path):
-        return _load_remote(str(path), state, strict, weights_only)
+        return _load_remote(str(path), state, strict, weights_only, planner)
     path = _fsspec.local(path)
     if not path.exists():
         raise files.missing_path_error(path)
     if path.is_dir():
-        return _load_sharded(path, state, strict, weights_only)
+        return _load_sharded(path, state, strict, weights_only, planner)
     return _load_full(path, state, strict, weights_only)
 
 
@@ -147,6 +163,7 @@ def _save_sharded_remote(
     world_size: int,
     global_rank: int,
     barrier: Callable[[], None],
+    planner: Any = None,
 ) -> None:
     """As save_sharded, onto a URL: shards go to a staging prefix, which rank 0 publishes (see _sharded_remote)."""
     from torch.distributed.checkpoint import save as dcp_save
@@ -154,16 +171,16 @@ def _save_sharded_remote(
     converted = states.convert("save", state, filter, full=False)
     _staged_save(
         url, global_rank, barrier,
-        lambda: dcp_save(converted, storage_writer=remote.writer(url), no_dist=world_size == 1),
+        lambda: dcp_save(converted, storage_writer=remote.writer(url), planner=planner, no_dist=world_size == 1),
         remote.prepare_staging, remote.discard_staging, remote.publish,
     )  # fmt: skip
 
 
 def _load_remote(
-    url: str, state: dict[str, Any] | Module | Optimizer | None, strict: bool, weights_only: bool | None
+    url: str, state: _Target, strict: bool, weights_only: bool | None, planner: PlannerFactory | None
 ) -> dict[str, Any]:
     if remote.is_dcp_url(url):
-        return _load_sharded(url, state, strict, weights_only)
+        return _load_sharded(url, state, strict, weights_only, planner)
     from fabric.io.torch_io import _read_remote
 
     data, _ = _read_remote(url)
@@ -194,7 +211,7 @@ class _Layout:
 
 
 def _load_sharded(
-    path: Path | str, state: dict[str, Any] | Module | Optimizer | None, strict: bool, weights_only: bool | None
+    path: Path | str, state: _Target, strict: bool, weights_only: bool | None, planner: PlannerFactory | None = None
 ) -> dict[str, Any]:
     if isinstance(path, str):
         layout = _Layout(remote.read_checked_metadata(path, "load", weights_only))
@@ -204,7 +221,7 @@ def _load_sharded(
         return _read_entries(path, keys=None, distributed=states.distributed(), weights_only=weights_only)
     target = unwrap(state)
     if isinstance(target, Module):
-        return _load_raw_module(path, target, layout, strict, weights_only)
+        return _load_raw_module(path, target, layout, strict, weights_only, planner)
     if isinstance(target, Optimizer):
         raise FabricTypeError(
             f"load_raw({str(path)!r}, optimizer): a sharded checkpoint stores optimizer state by parameter name, "
@@ -219,7 +236,7 @@ def _load_sharded(
     for key, target_sd in targets.items():
         _check_entry(path, key, target_sd, layout, strict, isinstance(unwrap(state[key]), Module))
     if targets:
-        _read_into(path, targets, strict, weights_only)
+        _read_into(path, targets, strict, weights_only, planner)
         states.apply_loaded("load", state, targets, strict, full=False)
     rest = layout.keys - set(targets)
     values = _read_entries(path, rest, states.distributed(), weights_only) if rest else {}
@@ -227,7 +244,7 @@ def _load_sharded(
 
 
 def _load_raw_module(
-    path: Path | str, module: Module, layout: _Layout, strict: bool, weights_only: bool | None
+    path: Path | str, module: Module, layout: _Layout, strict: bool, weights_only: bool | None, planner: Any = None
 ) -> dict[str, Any]:
     """load_raw: the whole checkpoint is one module's state dict, keyed by its parameter names."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
@@ -236,7 +253,7 @@ def _load_raw_module(
     saved = dict(layout.shapes)
     states.check_keys(str(path), "state dict", set(target), set(saved), strict, is_module=True)
     states.check_shapes(str(path), target, saved)
-    _read_into(path, target, strict, weights_only)
+    _read_into(path, target, strict, weights_only, planner)
     set_model_state_dict(module, target, options=states.load_options(False, strict))
     return {}
 
@@ -270,13 +287,16 @@ def _check_entry(
     states.check_shapes(where, expected, saved)
 
 
-def _read_into(path: Path | str, targets: dict[str, Any], strict: bool, weights_only: bool | None) -> None:
+def _read_into(
+    path: Path | str, targets: dict[str, Any], strict: bool, weights_only: bool | None, planner: Any = None
+) -> None:
     """DCP reads each rank's part of the saved tensors straight into `targets` (resharding as needed)."""
     from torch.distributed.checkpoint import load as dcp_load
 
-    planner = safe.load_planner(strict, str(path), "load", weights_only)
+    base = planner(not strict) if planner is not None else None
+    load_planner = safe.load_planner(strict, str(path), "load", weights_only, base)
     with _quiet_single_process(), _reported("load", path, "reading"):
-        dcp_load(targets, storage_reader=safe.reader(str(path), "load", weights_only), planner=planner)
+        dcp_load(targets, storage_reader=safe.reader(str(path), "load", weights_only), planner=load_planner)
 
 
 def _read_entries(

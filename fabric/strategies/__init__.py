@@ -11,7 +11,7 @@ from fabric.strategies.model_parallel import ModelParallelStrategy
 from fabric.strategies.parallel import ParallelStrategy
 from fabric.strategies.single_device import SingleDeviceStrategy
 from fabric.strategies.strategy import Strategy
-from fabric.strategies.xla import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLAStrategy
+from fabric.strategies.xla import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLASPMDStrategy, XLAStrategy
 
 STRATEGY_REGISTRY: Registry[Strategy] = Registry("strategy")
 STRATEGY_REGISTRY.register("single_device", SingleDeviceStrategy, "One process on one device")
@@ -33,6 +33,9 @@ for _name, (_method, _what) in _DDP_LAUNCHES.items():
         )
 STRATEGY_REGISTRY.register("dp", DataParallelStrategy, "DataParallel: one process, the model replicated over its GPUs")
 STRATEGY_REGISTRY.register("fsdp", FSDPStrategy, "FSDP2 (fully_shard): parameters, gradients, optimizer state sharded")
+STRATEGY_REGISTRY.register(
+    "xla_spmd", XLASPMDStrategy, "One process drives every XLA device of the host as an SPMD mesh"
+)
 STRATEGY_REGISTRY.register("fsdp_cpu_offload", FSDPStrategy, "fsdp with shards kept in CPU memory", cpu_offload=True)
 
 _DEEPSPEED_VARIANTS: dict[str, tuple[str, dict]] = {
@@ -71,5 +74,6 @@ __all__ = [
     "SingleDeviceXLAStrategy",
     "Strategy",
     "XLAFSDPStrategy",
+    "XLASPMDStrategy",
     "XLAStrategy",
 ]
