@@ -254,7 +254,7 @@ def _check_xla_pairing(accel: Accelerator, strategy: Strategy, accelerator_flag:
         raise FabricValueError(
             f"Fabric(accelerator={accelerator_flag!r}, strategy={_describe(strategy_flag)}): "
             f"{type(strategy).__name__} does not drive XLA devices (it would skip torch_xla's optimizer step and "
-            "device loader). Use strategy='auto', 'single_xla', 'xla' or 'xla_fsdp'."
+            "device loader). Use strategy='auto', 'single_xla', 'xla', 'xla_fsdp' or 'xla_spmd'."
         )
 
 

@@ -175,8 +175,9 @@ class XLASPMDStrategy(OneProcessStrategy):
             extra_data_axis="data" if "data" in self.axis_names else None,
         )
 
-    def process_dataloader(self, dataloader: DataLoader) -> Any:
-        """This process reads every batch; each is split over the mesh's data axes as it reaches the device."""
+    def process_dataloader(self, dataloader: DataLoader, *, even_batches: bool = True) -> Any:
+        """This process reads every batch (every sample once, whatever even_batches says); each batch is split
+        over the mesh's data axes as it reaches the device."""
         from fabric.strategies.xla.spmd_data import SpmdDataLoader
 
         return SpmdDataLoader(dataloader, self.mesh, self.root_device)
