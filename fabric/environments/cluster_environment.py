@@ -44,6 +44,11 @@ class ClusterEnvironment(ABC):
     def node_rank(self) -> int:
         """This machine's rank among the machines."""
 
+    @property
+    def ends_job_on_failure(self) -> bool:
+        """True when the process that started the ranks ends them all as soon as one fails (torchrun's agent)."""
+        return False
+
     def processes_per_node(self) -> int | None:
         """How many processes the scheduler started on this machine, if it says."""
         return None

@@ -78,6 +78,11 @@ class SLURMEnvironment(ClusterEnvironment):
         """srun started every process."""
         return True
 
+    @staticmethod
+    def in_job() -> bool:
+        """This process runs inside a SLURM allocation (a batch script, srun task or anything they started)."""
+        return "SLURM_JOB_ID" in os.environ
+
     @property
     def main_address(self) -> str:
         """MASTER_ADDR, else the first host of the step's node list (where srun puts task 0)."""
