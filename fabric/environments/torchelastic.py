@@ -24,6 +24,11 @@ class TorchElasticEnvironment(ClusterEnvironment):
         return True
 
     @property
+    def launcher_is_parent(self) -> bool:
+        """torchrun's agent started this worker; it leaves its workers running if it is killed outright."""
+        return True
+
+    @property
     def main_address(self) -> str:
         """MASTER_ADDR."""
         return os.environ["MASTER_ADDR"]

@@ -152,9 +152,11 @@ class ParallelStrategy(Strategy):
             self.accelerator.setup_device(self.root_device)
         if self.root_device.type == "cpu":
             _share_cpu_threads(self.num_processes)
-        from fabric.strategies.launchers._process import report_failures_to_parent
+        from fabric.strategies.launchers._process import die_with_parent, report_failures_to_parent
 
         report_failures_to_parent(self.local_rank, self.global_rank)
+        if self.cluster_environment is not None and self.cluster_environment.launcher_is_parent:
+            die_with_parent()  # torchrun's workers outlive a killed agent otherwise (`fabric run` sets it earlier)
         if dist.is_initialized():
             self._check_existing_group()
             self._attach_preemption(_dist.default_store())

@@ -38,8 +38,9 @@ def run_agent(torchrun_argv: list[str]) -> int:
         with _forwarding(_signals.preemption_signals()):
             run(parse_args(torchrun_argv))
     except ChildFailedError as err:
-        print(f"fabric run: a process failed.\n{err.format_msg()}", file=sys.stderr)
-        print(_first_failure(err.failures, read_failures(failure_dir)), file=sys.stderr)
+        # Not torchrun's report: its "root cause" is whichever failure it noticed first, often the wrong rank.
+        print(f"fabric run: a process failed.\n{_first_failure(err.failures, read_failures(failure_dir))}",
+              file=sys.stderr)  # fmt: skip
         return 1
     except SignalException as err:
         # torchrun has already stopped the workers; exit like a process killed by that signal would.
@@ -68,8 +69,8 @@ def _first_failure(failures: dict[int, Any], records: dict[int, float]) -> str:
     else:
         how = f"exited with code {failure.exitcode}"
     others = sorted(set(failures) - {rank})
-    after = f"; rank(s) {', '.join(map(str, others))} failed after it" if others else ""
-    return f"fabric run: global rank {rank} failed first: it {how} (pid {failure.pid}){after}."
+    after = f" Rank(s) {', '.join(map(str, others))} failed after it." if others else ""
+    return f"fabric run: global rank {rank} failed first: it {how} (pid {failure.pid}); its error is above.{after}"
 
 
 @contextlib.contextmanager
