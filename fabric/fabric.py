@@ -163,7 +163,7 @@ class Fabric:
         launcher = self._strategy.launcher
         try:
             result = function(self, *args, **kwargs)
-        except BaseException:
+        except Exception:
             self._strategy.preemption.report_failure()  # the other ranks must not take the end for a preemption
             raise
         if launcher is not None and not launcher.continues_script:

@@ -30,6 +30,8 @@ from typing import Any
 from fabric.utilities import _signals
 
 _POLL_SECONDS = 0.2
+# Every rank polls the one rendezvous store: keep the whole job under about this many requests per second.
+_STORE_REQUESTS_PER_SECOND = 500
 _REQUEST_KEY = "fabric/preempt/request"
 _COUNT_KEY = "fabric/preempt/checks/{rank}"
 _ABORT_KEY = "fabric/abort"
@@ -52,6 +54,7 @@ class Preemption:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._exit_on_abort = False
+        self._poll_seconds = _POLL_SECONDS
 
     # -- setup ------------------------------------------------------------------------------------
     def arm(self) -> bool:
@@ -73,6 +76,7 @@ class Preemption:
             return
         self._store, self._rank, self._world_size, self._timeout = store, rank, world_size, timeout
         self._exit_on_abort = exit_on_abort
+        self._poll_seconds = max(_POLL_SECONDS, world_size / _STORE_REQUESTS_PER_SECOND)
         _chain_excepthook(weakref.ref(self))
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="fabric-preemption", daemon=True)
@@ -150,7 +154,7 @@ class Preemption:
                     f"{self._timeout}, so the ranks cannot agree on the step to stop at. A rank has probably died; "
                     "check its output. The job cannot save a checkpoint together; restart from the last one."
                 )
-            time.sleep(_POLL_SECONDS / 4)
+            time.sleep(self._poll_seconds / 4)
         self._stop_after = max(int(self._store.get(key)) for key in keys)
         return self._stop_after
 
@@ -169,7 +173,7 @@ class Preemption:
                         self._known = True
                         answered = self._checks
                     self._store.set(_COUNT_KEY.format(rank=self._rank), str(answered))
-                self._wake.wait(_POLL_SECONDS)
+                self._wake.wait(self._poll_seconds)
                 self._wake.clear()
         except Exception:  # the store went away (a rank exited): nothing left to share through
             return
