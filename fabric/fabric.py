@@ -196,8 +196,6 @@ class Fabric:
             # Here, not in Fabric(...): asking CUDA in the parent process would stop ddp_fork from forking.
             check_bf16_supported(self._strategy.root_device, name)
         self._launched = True
-        if any(callable(getattr(callback, "on_preempt", None)) for callback in self._callbacks):
-            self._strategy.preemption.arm()
 
     @property
     def preempted(self) -> bool:

@@ -117,6 +117,7 @@ class Preemption:
 
     def report_failure(self) -> None:
         """This rank is failing: leave the abort mark for the others (before this process leaves the group)."""
+        self._exit_on_abort = False  # its own mark must not end it before it has printed its error
         store = self._store
         if store is not None:
             with contextlib.suppress(Exception):

@@ -82,9 +82,17 @@ def test_signal_after_the_first_read_becomes_the_flag_and_calls_on_preempt() -> 
     assert calls == [fabric], "on_preempt runs once, with the fabric"
 
 
-def test_sigterm_keeps_its_default_effect_until_preemption_is_used() -> None:
-    Fabric(accelerator="cpu", devices=1).launch()
-    assert signal.getsignal(signal.SIGTERM) is not _signals._dispatch
+class _OnPreempt:
+    def on_preempt(self) -> None:
+        raise AssertionError("never preempted here")
+
+
+def test_sigterm_keeps_its_default_effect_until_preempted_is_read() -> None:
+    fabric = Fabric(accelerator="cpu", devices=1, callbacks=[_OnPreempt()])
+    fabric.launch()
+    assert signal.getsignal(signal.SIGTERM) is not _signals._dispatch, "a callback alone does not catch it"
+    assert fabric.preempted is False
+    assert signal.getsignal(signal.SIGTERM) is _signals._dispatch
 
 
 def test_preemption_signals_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
