@@ -112,3 +112,32 @@ def test_unusable_preemption_signal_is_rejected(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv(_signals.PREEMPTION_SIGNALS_ENV, f"TERM,{name}")
     with pytest.raises(ValueError, match=rf"FABRIC_PREEMPTION_SIGNALS='TERM,{name}': '{name}' cannot announce"):
         _signals.preemption_signals()
+
+
+_CATCH_SCRIPT = """
+import os, signal, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from fabric.strategies._preemption import Preemption
+
+store = dist.HashStore()
+preemption = Preemption()
+preemption.attach(store, 0, 2, timedelta(seconds=5), exit_on_abort=False)
+preemption.arm()
+if sys.argv[1] == "failing":
+    store.set("fabric/abort", "1")  # what a failing rank leaves before the launcher ends the others
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.5)
+print("flag", preemption._signalled.is_set())
+preemption.detach()
+"""
+
+
+@pytest.mark.parametrize(("job", "returncode", "output"), [("healthy", 0, "flag True"), ("failing", -15, "")])
+def test_sigterm_is_a_preemption_only_while_no_rank_has_failed(job: str, returncode: int, output: str) -> None:
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _CATCH_SCRIPT, job], capture_output=True, text=True, timeout=120)
+    assert run.returncode == returncode, run.stderr
+    assert run.stdout.strip() == output
