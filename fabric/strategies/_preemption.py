@@ -62,7 +62,7 @@ class Preemption:
         if self._armed:
             return True
         signals = _signals.preemption_signals()
-        if not all(_signals.set_catcher(signum, self._catch) for signum in signals):
+        if not all(_signals.add_catcher(signum, self._catch) for signum in signals):
             return False
         self._armed = signals
         return True

@@ -19,7 +19,7 @@ from fabric.utilities.exceptions import FabricValueError
 PREEMPTION_SIGNALS_ENV = "FABRIC_PREEMPTION_SIGNALS"
 
 _forwarders: dict[int, list[Callable[[int], None]]] = {}
-_catchers: dict[int, Callable[[int], None]] = {}
+_catchers: dict[int, list[Callable[[int], None]]] = {}  # one per Fabric that reads `preempted`
 _previous: dict[int, Any] = {}
 
 
@@ -58,17 +58,18 @@ def remove_forwarder(signum: int, forward: Callable[[int], None]) -> None:
     _uninstall_if_unused(signum)
 
 
-def set_catcher(signum: int, catch: Callable[[int], None]) -> bool:
+def add_catcher(signum: int, catch: Callable[[int], None]) -> bool:
     """Handle the signal with `catch(signum)` instead of its previous effect; False outside the main thread."""
     if not _install(signum):
         return False
-    _catchers[signum] = catch
+    _catchers.setdefault(signum, []).append(catch)
     return True
 
 
-def remove_catcher(signum: int) -> None:
-    """Undo set_catcher: the signal has its previous effect again."""
-    _catchers.pop(signum, None)
+def remove_catcher(signum: int, catch: Callable[[int], None]) -> None:
+    """Undo add_catcher: with no catcher left, the signal has its previous effect again."""
+    if catch in _catchers.get(signum, []):
+        _catchers[signum].remove(catch)
     _uninstall_if_unused(signum)
 
 
@@ -83,7 +84,7 @@ def _install(signum: int) -> bool:
 
 
 def _uninstall_if_unused(signum: int) -> None:
-    if _forwarders.get(signum) or signum in _catchers or signal.getsignal(signum) is not _dispatch:
+    if _forwarders.get(signum) or _catchers.get(signum) or signal.getsignal(signum) is not _dispatch:
         return
     if threading.current_thread() is threading.main_thread():
         signal.signal(signum, _previous.pop(signum, signal.SIG_DFL))
@@ -92,9 +93,10 @@ def _uninstall_if_unused(signum: int) -> None:
 def _dispatch(signum: int, frame: Any) -> None:
     for forward in list(_forwarders.get(signum, [])):
         forward(signum)
-    catch = _catchers.get(signum)
-    if catch is not None:
+    catchers = list(_catchers.get(signum, []))
+    for catch in catchers:
         catch(signum)
+    if catchers:
         return
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):

@@ -21,7 +21,7 @@ def _restore_signals() -> Any:
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
     yield
     for signum, handler in before.items():
-        _signals.remove_catcher(signum)
+        _signals._catchers.pop(signum, None)
         signal.signal(signum, handler)
 
 
@@ -141,3 +141,11 @@ def test_sigterm_is_a_preemption_only_while_no_rank_has_failed(job: str, returnc
     run = subprocess.run([sys.executable, "-c", _CATCH_SCRIPT, job], capture_output=True, text=True, timeout=120)
     assert run.returncode == returncode, run.stderr
     assert run.stdout.strip() == output
+
+
+def test_two_fabrics_in_one_process_both_see_the_signal() -> None:
+    first, second = Fabric(accelerator="cpu", devices=1), Fabric(accelerator="cpu", devices=1)
+    assert (first.preempted, second.preempted) == (False, False)
+    os.kill(os.getpid(), signal.SIGTERM)
+    _wait_until(lambda: second.strategy.preemption._signalled.is_set())
+    assert (first.preempted, second.preempted) == (True, True)

@@ -87,7 +87,7 @@ class MultiProcessingLauncher(Launcher):
         signals = _signals.preemption_signals()
         for signum in signals:
             _signals.add_forwarder(signum, forward)
-            _signals.set_catcher(signum, _keep_waiting)
+            _signals.add_catcher(signum, _keep_waiting)
         try:
             while not context.join(timeout=_POLL_SECONDS):
                 # Drain the result while rank 0 still runs: a result larger than the pipe buffer would
@@ -103,7 +103,7 @@ class MultiProcessingLauncher(Launcher):
             raise
         finally:
             for signum in signals:
-                _signals.remove_catcher(signum)
+                _signals.remove_catcher(signum, _keep_waiting)
                 _signals.remove_forwarder(signum, forward)
         if payload is None and not results.empty():
             payload = results.get()
