@@ -79,7 +79,8 @@ def preempt(fabric: Fabric, outdir: Path, steps: int) -> None:
     checkpoint = outdir / "ckpt.pt"
     if checkpoint.exists():
         fabric.load(checkpoint, saver.state)
-    write_json(outdir / f"rank{fabric.global_rank}.start.json", {"step": saver.state["step"]})
+    started = saver.state["step"]
+    write_json(outdir / f"rank{fabric.global_rank}.start.json", {"step": started})
     while saver.state["step"] < steps:
         if fabric.preempted:
             return  # on_preempt saved the checkpoint
@@ -88,6 +89,8 @@ def preempt(fabric: Fabric, outdir: Path, steps: int) -> None:
         optimizer.step()
         optimizer.zero_grad()
         saver.state["step"] += 1
+        if saver.state["step"] == started + 3:  # the test signals once training is under way
+            write_json(outdir / f"rank{fabric.global_rank}.trained.json", {"step": saver.state["step"]})
         time.sleep(STEP_SECONDS)
     write_json(outdir / f"rank{fabric.global_rank}.finished.json", {"step": saver.state["step"]})
 
