@@ -169,7 +169,7 @@ def test_fabric_run_names_the_rank_that_failed_first(job: Any) -> None:
     assert "fabric run: a process failed.\nfabric run: global rank 1 failed first: it exited with code 1 (pid " in (
         started.stderr
     ), started.output
-    assert "Rank(s) 0 failed after it." in started.stderr
+    # Rank 0 is named after it only when it failed before torchrun stopped it: not asserted.
     started.assert_no_process_left()
 
 
