@@ -15,6 +15,7 @@ from typing import Any
 from fabric._cli_flags import CLI_ENV_PREFIX, LIGHTNING_CLI_USED, LIGHTNING_ENV_PREFIX
 from fabric.precision._names import PRECISIONS
 from fabric.strategies import STRATEGY_REGISTRY
+from fabric.strategies.launchers.fabric_run import worker_command
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 LEGACY_PRECISIONS = ("32", "64", "16", "bf16")
@@ -309,29 +310,15 @@ def torchrun_args(args: argparse.Namespace, nproc: int) -> list[str]:
         f"--node_rank={args.node_rank}",
         f"--master_addr={args.main_address}",
         f"--master_port={args.main_port}",
-        args.script,
-        *args.script_args,
+        *worker_command(args.script, args.script_args),
     ]
 
 
 def _torchrun(torchrun_argv: list[str]) -> int:
     """Run torchrun in this process (it becomes the agent of its workers); its exit status, non-zero on failure."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from fabric.strategies.launchers.fabric_run import run_agent
 
-    try:
-        run(parse_args(torchrun_argv))
-    except ChildFailedError as err:
-        print(f"fabric run: a process failed.\n{err.format_msg()}", file=sys.stderr)
-        return 1
-    except SignalException as err:
-        # torchrun has already stopped the workers; exit like a process killed by that signal would.
-        return 128 + int(err.sigval)
-    except Exception as err:  # rendezvous timeouts and similar: one line instead of torch's traceback
-        print(f"fabric run: torch.distributed.run failed: {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_agent(torchrun_argv)
 
 
 def _read_whole(checkpoint: str, weights_only: bool) -> dict[str, Any]:

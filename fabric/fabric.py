@@ -72,6 +72,7 @@ class Fabric:
         self._launched = False
         self._launch_called = False
         self._backward_state = _BackwardState()
+        self._preempt_announced = False
         if type(self).run is not Fabric.run:
             # Lightning's subclass style: MyFabric(...).run(args) launches the processes and runs it in each.
             self.run = partial(self._launch_run, self.run)  # type: ignore[method-assign]
@@ -165,7 +166,11 @@ class Fabric:
         if function is None:
             return None
         launcher = self._strategy.launcher
-        result = function(self, *args, **kwargs)
+        try:
+            result = function(self, *args, **kwargs)
+        except Exception:
+            self._strategy.preemption.report_failure()  # the other ranks must not take the end for a preemption
+            raise
         if launcher is not None and not launcher.continues_script:
             # A worker that only runs `function` leaves the process group cleanly when it returns. On an
             # exception it does not: the launcher first records which rank failed, and exiting tears down.
@@ -196,6 +201,29 @@ class Fabric:
             # Here, not in Fabric(...): asking CUDA in the parent process would stop ddp_fork from forking.
             check_bf16_supported(self._strategy.root_device, name)
         self._launched = True
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the job got a preemption signal (SIGTERM; SIGUSR1 too in SLURM): save and exit when True.
+
+        True at the same check on every rank, so read it at the same place in the loop on all of them. The first
+        read starts catching the signals (until then they end the process as usual); the first True calls the
+        callbacks' `on_preempt(fabric)`.
+        """
+        self._validate_launched("preempted")
+        preemption = self._strategy.preemption
+        if not preemption.arm():
+            warnings.warn(
+                "fabric.preempted was read outside the main thread, where Python cannot catch signals, so a "
+                "preemption signal still ends the process at once. Read it in the main thread.",
+                stacklevel=2,
+            )
+        if not preemption.check():
+            return False
+        if not self._preempt_announced:
+            self._preempt_announced = True
+            self.call("on_preempt", fabric=self)
+        return True
 
     # -- setup ----------------------------------------------------------------------------------
     def setup(

@@ -145,7 +145,7 @@ def test_main_builds_torchrun_args_and_cli_environment(script: Path, launched: l
     assert cli.main([*argv, str(script), "--lr", "0.1", "--devices", "7"]) == 0
     assert launched == [
         ["--nproc_per_node=3", "--nnodes=2", "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}",
-         str(script), "--lr", "0.1", "--devices", "7"]
+         "--module", "fabric.strategies.launchers._run_worker", str(script), "--lr", "0.1", "--devices", "7"]
     ]  # fmt: skip
     assert {k: v for k, v in os.environ.items() if k.startswith("FABRIC_CLI_")} == {
         "FABRIC_CLI_ACCELERATOR": "cpu",

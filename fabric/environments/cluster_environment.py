@@ -44,6 +44,17 @@ class ClusterEnvironment(ABC):
     def node_rank(self) -> int:
         """This machine's rank among the machines."""
 
+    @property
+    def ends_job_on_failure(self) -> bool:
+        """True when the process that started the ranks ends them all as soon as one fails (torchrun's agent)."""
+        return False
+
+    @property
+    def launcher_is_parent(self) -> bool:
+        """True when the process that started this one supervises it (torchrun's agent), so this one must die
+        with it; False when a scheduler's daemon (srun's slurmstepd) or fabric's own launcher started it."""
+        return False
+
     def processes_per_node(self) -> int | None:
         """How many processes the scheduler started on this machine, if it says."""
         return None

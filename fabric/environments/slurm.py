@@ -66,7 +66,8 @@ class SLURMEnvironment(ClusterEnvironment):
     """Reads SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS and the node list set by srun.
 
     ``auto_requeue`` and ``requeue_signal`` are stored for code that wants to requeue the job on a signal
-    (as Lightning's Trainer does); fabric itself installs no signal handler.
+    (as Lightning's Trainer does); fabric does not requeue. Its own handling of SIGTERM and SIGUSR1 is
+    `fabric.preempted` (see docs/preemption.md).
     """
 
     def __init__(self, auto_requeue: bool = True, requeue_signal: signal.Signals | None = None) -> None:
@@ -77,6 +78,11 @@ class SLURMEnvironment(ClusterEnvironment):
     def creates_processes_externally(self) -> bool:
         """srun started every process."""
         return True
+
+    @staticmethod
+    def in_job() -> bool:
+        """This process runs inside a SLURM allocation (a batch script, srun task or anything they started)."""
+        return "SLURM_JOB_ID" in os.environ
 
     @property
     def main_address(self) -> str:

@@ -19,6 +19,16 @@ class TorchElasticEnvironment(ClusterEnvironment):
         return True
 
     @property
+    def ends_job_on_failure(self) -> bool:
+        """torchrun's agent ends every worker when one fails."""
+        return True
+
+    @property
+    def launcher_is_parent(self) -> bool:
+        """torchrun's agent started this worker; it leaves its workers running if it is killed outright."""
+        return True
+
+    @property
     def main_address(self) -> str:
         """MASTER_ADDR."""
         return os.environ["MASTER_ADDR"]

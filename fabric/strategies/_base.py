@@ -13,6 +13,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric.checkpoint import state as _checkpoint
+from fabric.strategies._preemption import Preemption
 
 if TYPE_CHECKING:
     from fabric.accelerators.accelerator import Accelerator
@@ -77,6 +78,14 @@ class _StrategyComponents:
     def cluster_environment(self) -> ClusterEnvironment | None:
         """Who this process is in the job; single-device strategies have none."""
         return None
+
+    @property
+    def preemption(self) -> Preemption:
+        """Whether the job was preempted, decided the same on every rank (`fabric.preempted`)."""
+        # Created on first use: subclasses need not call this class's __init__ for it to exist.
+        if getattr(self, "_preemption", None) is None:
+            self._preemption = Preemption()
+        return self._preemption
 
     def _connect(
         self,
@@ -229,6 +238,7 @@ class _StrategyComponents:
 
     def teardown(self) -> None:
         """Release everything this strategy set up."""
+        self.preemption.detach()
         self.precision.teardown()
         if self._accelerator is not None:
             self._accelerator.teardown()

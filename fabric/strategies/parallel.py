@@ -152,16 +152,19 @@ class ParallelStrategy(Strategy):
             self.accelerator.setup_device(self.root_device)
         if self.root_device.type == "cpu":
             _share_cpu_threads(self.num_processes)
-        from fabric.strategies.launchers.subprocess_script import report_failures_to_parent
+        from fabric.strategies.launchers._process import die_with_parent, report_failures_to_parent
 
         report_failures_to_parent(self.local_rank, self.global_rank)
+        if self.cluster_environment is not None and self.cluster_environment.launcher_is_parent:
+            die_with_parent()  # torchrun's workers outlive a killed agent otherwise (`fabric run` sets it earlier)
         if dist.is_initialized():
             self._check_existing_group()
+            self._attach_preemption(_dist.default_store())
             return
         env = self.cluster_environment
         assert env is not None, "connector always sets a cluster environment"
         _import_before_group_exists()
-        _dist.init_process_group(
+        store = _dist.init_process_group(
             self.process_group_backend,
             env.main_address,
             env.main_port,
@@ -173,6 +176,7 @@ class ParallelStrategy(Strategy):
             device_id=self.root_device if self.root_device.type == "cuda" else None,
         )
         self._owns_process_group = True
+        self._attach_preemption(store)
         # gloo processes that exit with a live group can abort; leave cleanly even if the user never tears down.
         # The hook holds a weak reference to the group, not this strategy: the strategy is usually garbage by exit
         # (the Fabric was a local of main()), and the group it created must still be destroyed then, but only that
@@ -180,6 +184,12 @@ class ParallelStrategy(Strategy):
         # finalisation, where freeing gloo's threads aborts the process ("terminate called without an active
         # exception") in about one run in ten.
         atexit.register(_destroy_at_exit, weakref.ref(dist.group.WORLD))
+
+    def _attach_preemption(self, store: Any) -> None:
+        # Nothing else ends the other ranks when one fails unless fabric launched them or an agent supervises them.
+        env = self.cluster_environment
+        unsupervised = self.launcher is None and not (env is not None and env.ends_job_on_failure)
+        self.preemption.attach(store, self.global_rank, self.world_size, self._timeout, exit_on_abort=unsupervised)
 
     def _check_existing_group(self) -> None:
         if dist.get_world_size() != self.world_size or dist.get_rank() != self.global_rank:
@@ -195,6 +205,7 @@ class ParallelStrategy(Strategy):
         try:
             self.checkpoint_io.wait()
         finally:
+            self.preemption.detach()  # its thread uses the group's store
             if self._owns_process_group and dist.is_initialized():
                 dist.destroy_process_group()
             self._owns_process_group = False

@@ -96,8 +96,8 @@ def init_process_group(
     rank: int,
     timeout: timedelta,
     device_id: torch.device | None = None,
-) -> None:
-    """Join the default process group over a TCP rendezvous at main_address:main_port.
+) -> Any:
+    """Join the default process group over a TCP rendezvous at main_address:main_port; return its store.
 
     The store gets at least _MIN_RENDEZVOUS_TIMEOUT: `timeout` is meant for collectives, and a short one
     (seconds, to fail fast when a rank is stuck) would otherwise fail the start while the other processes
@@ -117,6 +117,15 @@ def init_process_group(
     dist.init_process_group(
         backend=backend, store=store, world_size=world_size, rank=rank, timeout=timeout, device_id=device_id
     )
+    return store
+
+
+def default_store() -> Any:
+    """The store of a default process group that someone else created, or None when torch does not say."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
 
 
 @contextmanager

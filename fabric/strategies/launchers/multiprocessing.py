@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
@@ -13,8 +14,9 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from fabric.strategies.launchers._process import die_with_parent
 from fabric.strategies.launchers.launcher import Launcher
-from fabric.strategies.launchers.subprocess_script import _die_with_parent
+from fabric.utilities import _signals
 from fabric.utilities.exceptions import FabricValueError
 
 _POLL_SECONDS = 0.05
@@ -79,6 +81,13 @@ class MultiProcessingLauncher(Launcher):
             join=False,
         )
         payload = None
+        # A preemption signal to this waiting process goes on to the workers, which decide what it means; this
+        # process keeps waiting for them (they may be saving a checkpoint) instead of dying of it.
+        forward = _Forwarder(context.processes)
+        signals = _signals.preemption_signals()
+        for signum in signals:
+            _signals.add_forwarder(signum, forward)
+            _signals.add_catcher(signum, _keep_waiting)
         try:
             while not context.join(timeout=_POLL_SECONDS):
                 # Drain the result while rank 0 still runs: a result larger than the pipe buffer would
@@ -92,6 +101,10 @@ class MultiProcessingLauncher(Launcher):
             # would wait at exit for workers that keep training, and a worker in a collective waits forever.
             _end_workers(context.processes)
             raise
+        finally:
+            for signum in signals:
+                _signals.remove_catcher(signum, _keep_waiting)
+                _signals.remove_forwarder(signum, forward)
         if payload is None and not results.empty():
             payload = results.get()
         return pickle.loads(payload) if payload is not None else None
@@ -128,9 +141,7 @@ def _worker(
 ) -> None:
     """Entry point of each worker: say who it is (like torchrun does), run, hand back rank 0's result."""
     # If the parent is killed outright (SIGKILL, OOM killer), nothing can end the workers: ask Linux to.
-    _die_with_parent()
-    if os.getppid() != parent_pid:  # the parent died before the request took effect
-        os._exit(1)
+    die_with_parent(parent_pid)
     if state is not None:
         state.restore()
     os.environ.update(env)
@@ -145,6 +156,23 @@ def _worker(
     if local_rank == 0 and env["NODE_RANK"] == "0":
         # Plain pickle bytes: torch's queue would pass tensors as shared-memory handles that die with this process.
         results.put(pickle.dumps(_to_cpu(result)))
+
+
+class _Forwarder:
+    """Passes a signal on to the workers still running."""
+
+    def __init__(self, processes: list[Any]) -> None:
+        self.processes = processes
+
+    def __call__(self, signum: int) -> None:
+        for process in self.processes:
+            if process.is_alive() and process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signum)
+
+
+def _keep_waiting(signum: int) -> None:
+    """The launcher survives a preemption signal: the workers' exit decides the job's."""
 
 
 def _end_workers(processes: list[Any]) -> None:

@@ -6,7 +6,6 @@ import atexit
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -16,14 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fabric.strategies.launchers._process import FAILURE_DIR_ENV, die_with_parent, read_failures
+from fabric.strategies.launchers._process import report_failures_to_parent as report_failures_to_parent
 from fabric.strategies.launchers.launcher import Launcher
+from fabric.utilities import _signals
 
 _POLL_SECONDS = 0.1
 _TERMINATE_GRACE_SECONDS = 5.0
 # How long rank 0, failing, looks for a child whose death caused its error (only delays a failing exit).
 _BLAME_WAIT_SECONDS = 1.0
-# Launcher-private channel, not a cluster variable: where a child records that it failed, and when.
-_FAILURE_DIR_ENV = "FABRIC_LAUNCHER_FAILURE_DIR"
 
 
 def _script_command() -> list[str]:
@@ -83,7 +83,15 @@ class SubprocessScriptLauncher(Launcher):
             threading.Thread(target=self._watch, name="fabric-child-watcher", daemon=True).start()
             atexit.register(self._at_exit)
             self._chain_excepthook()
+            # A preemption signal to this process (rank 0) reaches every rank; each decides what it means.
+            for signum in _signals.preemption_signals():
+                _signals.add_forwarder(signum, self._forward)
         return function(*args)
+
+    def _forward(self, signum: int) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
 
     def _start(self, command: list[str], local_rank: int) -> subprocess.Popen:
         env = dict(os.environ)
@@ -95,8 +103,9 @@ class SubprocessScriptLauncher(Launcher):
             WORLD_SIZE=str(self.num_processes * self.num_nodes),
         )
         if self._failure_dir is not None:
-            env[_FAILURE_DIR_ENV] = self._failure_dir
-        return subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+            env[FAILURE_DIR_ENV] = self._failure_dir
+        parent = os.getpid()
+        return subprocess.Popen(command, env=env, preexec_fn=lambda: die_with_parent(parent))
 
     def _watch(self) -> None:
         """End the job when a child fails, instead of letting the others hang in a collective."""
@@ -181,7 +190,7 @@ class SubprocessScriptLauncher(Launcher):
 
         Without `include_running`, only act once some child has exited with an error.
         """
-        recorded = _read_failures(self._failure_dir)
+        recorded = read_failures(self._failure_dir)
         exited = [rank for rank, proc in enumerate(self.procs, start=1) if proc.poll()]
         if not exited and not (include_running and recorded):
             return None
@@ -209,45 +218,3 @@ class SubprocessScriptLauncher(Launcher):
         finally:
             if self._failure_dir is not None:
                 shutil.rmtree(self._failure_dir, ignore_errors=True)
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this child if the parent dies, so no rank is left orphaned."""
-    if sys.platform != "linux":
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-def _read_failures(directory: str | None) -> dict[int, float]:
-    """Local rank -> time of failure, from the records children wrote."""
-    if directory is None:
-        return {}
-    records = {}
-    for path in Path(directory).glob("rank*.failed"):
-        with contextlib.suppress(OSError, ValueError):
-            records[int(path.stem[4:])] = float(path.read_text())
-    return records
-
-
-def report_failures_to_parent(local_rank: int, global_rank: int) -> None:
-    """In a child started by this launcher: label a crash with the rank and record it for the parent.
-
-    The record is written from the excepthook, before the process leaves the process group, so it
-    always precedes the errors the peers get from the group breaking up.
-    """
-    directory = os.environ.get(_FAILURE_DIR_ENV)
-    if directory is None or local_rank == 0:
-        return
-    previous = sys.excepthook
-
-    def hook(*exc_info: Any) -> None:
-        with contextlib.suppress(OSError):
-            (Path(directory) / f"rank{local_rank}.failed").write_text(repr(time.time()))
-        print(f"[fabric] Global rank {global_rank} failed:", file=sys.stderr, flush=True)
-        previous(*exc_info)
-
-    sys.excepthook = hook

@@ -1,0 +1,116 @@
+"""`fabric run`'s own process: torch's elastic agent (torchrun) runs in it, with three changes.
+
+The workers die with it (see _run_worker); a preemption signal is passed on to the workers instead of ending
+them, so they can save and exit 0; and a failure names the rank that failed first, from records the ranks write,
+instead of torchrun's guess (it stamps failures in whole seconds as it notices them, so a rank that failed
+because a peer had left often came first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from fabric.strategies.launchers._process import FAILURE_DIR_ENV, read_failures
+from fabric.strategies.launchers._run_worker import PARENT_PID_ENV
+from fabric.utilities import _signals
+
+WORKER_MODULE = "fabric.strategies.launchers._run_worker"
+
+
+def run_agent(torchrun_argv: list[str]) -> int:
+    """Run torchrun with `torchrun_argv` (options, then SCRIPT and its arguments); the exit status for the shell."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    failure_dir = tempfile.mkdtemp(prefix="fabric-run-failures-")
+    os.environ[FAILURE_DIR_ENV] = failure_dir
+    os.environ[PARENT_PID_ENV] = str(os.getpid())
+    try:
+        with _forwarding(_signals.preemption_signals()):
+            run(parse_args(torchrun_argv))
+    except ChildFailedError as err:
+        # Not torchrun's report: its "root cause" is whichever failure it noticed first, often the wrong rank.
+        print(f"fabric run: a process failed.\n{_first_failure(err.failures, read_failures(failure_dir))}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    except SignalException as err:
+        # torchrun has already stopped the workers; exit like a process killed by that signal would.
+        return 128 + int(err.sigval)
+    except Exception as err:  # rendezvous timeouts and similar: one line instead of torch's traceback
+        print(f"fabric run: torch.distributed.run failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(failure_dir, ignore_errors=True)
+    return 0
+
+
+def worker_command(script: str, script_args: list[str]) -> list[str]:
+    """The tail of torchrun's command line that starts SCRIPT through the worker entry."""
+    return ["--module", WORKER_MODULE, script, *script_args]
+
+
+def _first_failure(failures: dict[int, Any], records: dict[int, float]) -> str:
+    """One line naming the rank that failed first: by the ranks' own records, else a rank killed by a signal."""
+    recorded = [(records[f.local_rank], rank) for rank, f in failures.items() if f.local_rank in records]
+    killed = sorted(rank for rank, f in failures.items() if f.exitcode < 0)
+    rank = min(recorded)[1] if recorded else (killed[0] if killed else min(failures))
+    failure = failures[rank]
+    if failure.exitcode < 0:
+        how = f"was killed by {signal.Signals(-failure.exitcode).name}"
+    else:
+        how = f"exited with code {failure.exitcode}"
+    others = sorted(set(failures) - {rank})
+    after = f" Rank(s) {', '.join(map(str, others))} failed after it." if others else ""
+    return f"fabric run: global rank {rank} failed first: it {how} (pid {failure.pid}); its error is above.{after}"
+
+
+@contextlib.contextmanager
+def _forwarding(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """While the workers run, pass these signals on to them and keep waiting, instead of torchrun's stop.
+
+    torchrun sets its handler each time it starts workers (always SIGTERM), and that handler raises to stop
+    them; the module-level function it installs is wrapped here so that both torch 2.9 and later versions
+    forward. Before any worker exists the signal stops `fabric run` as before.
+    """
+    from torch.distributed.elastic.multiprocessing import api
+
+    original: Callable[[int, Any], None] = api._terminate_process_handler
+
+    def handler(signum: int, frame: Any) -> None:
+        workers = _children()
+        if signum not in signals or not workers:
+            original(signum, frame)
+            return
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    api._terminate_process_handler = handler
+    previous = {signum: signal.getsignal(signum) for signum in signals}
+    for signum in signals:
+        signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        api._terminate_process_handler = original  # type: ignore[assignment]
+        for signum, before in previous.items():
+            signal.signal(signum, before)
+
+
+def _children() -> list[int]:
+    """The pids of this process's children (the workers), from /proc; empty where /proc is missing."""
+    me, pids = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
+                pids.append(int(stat.parent.name))
+    return pids

@@ -1,0 +1,35 @@
+"""`fabric run`'s failure summary names the rank that failed first (unit level; the processes: test_job_ends.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from fabric.strategies.launchers.fabric_run import _first_failure, worker_command
+
+
+def _failure(local_rank: int, exitcode: int, pid: int) -> SimpleNamespace:
+    return SimpleNamespace(local_rank=local_rank, exitcode=exitcode, pid=pid)
+
+
+def test_the_ranks_records_decide_not_the_lowest_rank() -> None:
+    failures = {0: _failure(0, 1, 100), 1: _failure(1, 1, 101)}
+    line = _first_failure(failures, {0: 12.5, 1: 12.25})
+    assert line == (
+        "fabric run: global rank 1 failed first: it exited with code 1 (pid 101); its error is above. "
+        "Rank(s) 0 failed after it."
+    )
+
+
+def test_a_rank_killed_by_a_signal_is_named_when_no_rank_recorded_an_error() -> None:
+    failures = {2: _failure(0, 1, 100), 3: _failure(1, -9, 101)}
+    assert _first_failure(failures, {}).startswith("fabric run: global rank 3 failed first: it was killed by SIGKILL")
+
+
+def test_workers_start_through_the_entry_that_ties_them_to_fabric_run() -> None:
+    assert worker_command("train.py", ["--lr", "1"]) == [
+        "--module",
+        "fabric.strategies.launchers._run_worker",
+        "train.py",
+        "--lr",
+        "1",
+    ]
