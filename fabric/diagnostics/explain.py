@@ -11,6 +11,8 @@ from fabric.diagnostics.record import HEARTBEAT_SECONDS, Collective, CollectiveR
 
 # A heartbeat older than this means the rank stopped publishing (it publishes at least every HEARTBEAT_SECONDS).
 STALE_SECONDS = 5 * HEARTBEAT_SECONDS
+# How long to wait, after a peer left, for the records to show which one.
+SETTLE_SECONDS = 2.0
 # Ranks described one by one; the rest are counted (a 1000-rank job must not print 1000 sentences).
 _MAX_DESCRIBED = 8
 # gloo's and NCCL's words for a collective that ran out of time, and for a peer that left the group.
@@ -25,8 +27,10 @@ _PEER_LEFT_WORDS = (
 
 
 def failure_kind(err: BaseException) -> str | None:
-    """'timeout', 'peer_left', or None for errors that say nothing about the other ranks."""
+    """'timeout', 'peer_left', 'closed' (by an earlier timeout), or None for errors that say nothing about peers."""
     text = str(err).lower()
+    if "pair closure" in text:  # gloo: "Application timeout caused pair closure", at once, after a timeout
+        return "closed"
     if any(word in text for word in _TIMEOUT_WORDS):
         return "timeout"
     if any(word in text for word in _PEER_LEFT_WORDS):
@@ -39,16 +43,27 @@ def explain(recorder: CollectiveRecorder, collective: Collective, kind: str, wai
     if kind == "timeout":
         how = f"timed out after {waited}"
         advice = f"To wait longer, pass {setting.replace('...', 'timedelta(minutes=...)')}."
+    elif kind == "closed":
+        how = "failed at once: an earlier collective timed out, and gloo then closed the connections to the others"
+        advice = "The process group cannot be used after a timeout; end the job and fix the first error."
     else:
         how = "failed because another process left the process group"
         advice = "The job cannot go on without it; its own output says why it ended."
     head = f"fabric.{collective.op}() at {collective.site} (collective #{collective.seq}) {how}: "
-    return head + describe_peers(recorder, collective) + " " + advice
+    return head + describe_peers(recorder, collective, settle=kind == "peer_left") + " " + advice
 
 
-def describe_peers(recorder: CollectiveRecorder, collective: Collective) -> str:
-    """Sentences on every other rank: missing ones first, then those waiting at the same collective."""
+def describe_peers(recorder: CollectiveRecorder, collective: Collective, settle: bool = False) -> str:
+    """Sentences on every other rank: missing ones first, then those waiting at the same collective.
+
+    `settle`: a peer just left. Its sockets close a moment before its process is gone (and before a record
+    published at its exit arrives), so look again for up to SETTLE_SECONDS until one rank shows it has ended.
+    """
     peers = read_peers(recorder)
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while settle and not isinstance(peers, str) and not _any_ended(peers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        peers = read_peers(recorder)
     if isinstance(peers, str):
         return peers
     missing, waiting = [], []
@@ -88,6 +103,10 @@ def read_peers(recorder: CollectiveRecorder) -> dict[int, PeerRecord | None] | s
             "hosting it (rank 0 under fabric's launchers; the launcher under torchrun) has ended or is unreachable"
         )
     return peers
+
+
+def _any_ended(peers: dict[int, PeerRecord | None]) -> bool:
+    return any(record is not None and _liveness(record) is not None for record in peers.values())
 
 
 def _waits_here(record: PeerRecord, collective: Collective) -> bool:

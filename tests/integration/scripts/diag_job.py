@@ -9,6 +9,7 @@ from stderr as the user would see it. CASE:
   op        (debug mode) rank 0 calls all_reduce where rank 1 calls barrier
   shape     (debug mode) the ranks all_reduce tensors of different shapes
   dtype     (debug mode) the ranks all_reduce tensors of different dtypes
+  agree     (debug mode) every kind of collective, issued alike; writes OUTDIR/rankR.json with the results
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import signal
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
-from _it_common import outdir_from_argv, write_pid
+from _it_common import outdir_from_argv, write_json, write_pid
 
 from fabric import Fabric
 from fabric.strategies import DDPStrategy
@@ -58,19 +60,35 @@ def main() -> None:
         fabric.backward(loss)  # collective #3: rank 1 waits in DDP's gradient all_reduce
     elif case in ("op", "shape", "dtype"):
         mismatch(fabric, case)
+    elif case == "agree":
+        agree(fabric, outdir)
 
 
 def mismatch(fabric: Fabric, case: str) -> None:
     rank = fabric.global_rank
     if case == "op":
         if rank == 0:
-            fabric.all_reduce(torch.ones(2))
+            fabric.all_reduce(torch.ones(2))  # mismatch: op, rank 0
         else:
-            fabric.barrier()
+            fabric.barrier()  # mismatch: op, rank 1
     elif case == "shape":
-        fabric.all_reduce(torch.ones(2 + rank, 3))
+        fabric.all_reduce(torch.ones(2 + rank, 3))  # mismatch: shape
     else:
-        fabric.all_reduce(torch.ones(2, dtype=torch.float32 if rank == 0 else torch.float64))
+        fabric.all_reduce(torch.ones(2, dtype=torch.float32 if rank == 0 else torch.float64))  # mismatch: dtype
+
+
+def agree(fabric: Fabric, outdir: Path) -> None:
+    rank = fabric.global_rank
+    model = fabric.setup(torch.nn.Linear(2, 1))
+    fabric.backward(model(torch.full((3, 2), float(rank))).sum())
+    total = fabric.all_reduce(torch.tensor([1.0, rank]), reduce_op="sum")
+    gathered = fabric.all_gather({"a": torch.tensor(rank), "b": 3})
+    # Only rank 0 holds the object: a broadcast's payload may differ, only its source must agree.
+    sent = fabric.broadcast({"step": 7} if rank == 0 else None)
+    fabric.barrier()
+    grad = model.module.weight.grad.tolist()
+    results = {"sum": total.tolist(), "a": gathered["a"].tolist(), "b": gathered["b"].tolist(), "sent": sent}
+    write_json(outdir / f"rank{rank}.json", {**results, "grad": grad})
 
 
 if __name__ == "__main__":
