@@ -6,6 +6,7 @@ the waiting rank's own, not a launcher's summary, and ends the whole job in a `f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -86,10 +87,8 @@ def _run_job(tmp_path: Path, case: str, wait_for: tuple[int, ...], debug: bool =
 
 
 def _end_session(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _message(rank: Rank, start: str) -> str:
