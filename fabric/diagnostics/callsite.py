@@ -7,9 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-import fabric
-
-_FABRIC_DIR = str(Path(fabric.__file__).resolve().parent) + os.sep
+_FABRIC_DIR = str(Path(__file__).resolve().parent.parent) + os.sep  # fabric/, from fabric/diagnostics/
 # contextlib's frames sit between fabric's frames when a collective is issued from a `with` block in fabric.
 _SKIPPED = (_FABRIC_DIR, str(Path(contextlib.__file__)))
 
