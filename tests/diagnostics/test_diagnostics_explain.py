@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -177,5 +178,5 @@ def test_recorder_publishes_at_start_and_its_end(store: Any, monkeypatch: pytest
 
 
 def _line_of(text: str) -> int:
-    with open(__file__) as source:
-        return next(n for n, line in enumerate(source, start=1) if text in line and "_line_of" not in line)
+    lines = Path(__file__).read_text().splitlines()
+    return next(n for n, line in enumerate(lines, start=1) if text in line and "_line_of" not in line)

@@ -73,7 +73,7 @@ def test_recording_on_a_real_group(one_rank_group: Any) -> None:
         dist.all_reduce(torch.ones(1))
     line = sys._getframe().f_lineno + 1
     with (
-        pytest.raises(RuntimeError, match=rf"^fabric\.barrier\(\) at test_diagnostics_track\.py:\d+ \(collective #2\)"),
+        pytest.raises(RuntimeError, match=r"^fabric\.barrier\(\) at test_diagnostics_track\.py:\d+ \(collective #2\)"),
         track.collective("barrier", "0:00:03", "DDPStrategy(timeout=...)"),
     ):
         raise RuntimeError("Timed out waiting 3000ms for recv operation to complete")
