@@ -29,6 +29,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
     """The argument lists, one per script, in the order they run."""
     if args.smoke:
         cpu = [["launch_startup.py", "--smoke"], ["checkpoint.py", "--smoke"], ["checkpoint_async.py", "--smoke"]]
+        cpu.append(["collective_record_overhead.py", "--smoke"])
         gpu = [
             ["cuda_precision.py", "--device", "cpu", "--smoke"],
             ["gpu_memory_and_speed.py", "--device", "cpu", "--smoke"],
@@ -43,6 +44,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         ["launch_startup.py", *rounds, *peer],
         ["checkpoint.py", *rounds, *peer],
         ["checkpoint_async.py", *rounds, *peer],
+        ["collective_record_overhead.py", *rounds, *peer],
     ]
     if args.cuda:
         scripts.append(["cuda_precision.py", "--rounds", str(max(1, args.rounds // 2 + 1)), *peer])
