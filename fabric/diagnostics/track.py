@@ -20,6 +20,8 @@ from fabric.utilities.exceptions import FabricValueError
 DEBUG_VARIABLE = "FABRIC_DEBUG_COLLECTIVES"
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
+# Set on an error this module wrote, so that an enclosing collective (fabric.save around its barriers) keeps it.
+_EXPLAINED = "_fabric_collective_explained"
 # One recorder per process group, not per Fabric: two Fabric objects on one group must count its collectives
 # together, or the sequence numbers of the ranks would not match. Weak keys: a destroyed group takes its recorder.
 _RECORDERS: weakref.WeakKeyDictionary[Any, CollectiveRecorder] = weakref.WeakKeyDictionary()
@@ -98,9 +100,11 @@ def collective(op: str, waited: str, setting: str, args: tuple[Any, ...] = (), g
         raise
     except RuntimeError as err:
         kind = failure_kind(err)
-        if kind is None:
+        if kind is None or getattr(err, _EXPLAINED, False):  # a nested collective (a barrier in a save) explained it
             raise
-        raise RuntimeError(explain(recorder, entered, kind, waited, setting)) from err
+        explained = RuntimeError(explain(recorder, entered, kind, waited, setting))
+        setattr(explained, _EXPLAINED, True)
+        raise explained from err
     recorder.leave(entered)
 
 
