@@ -127,7 +127,11 @@ class CollectiveRecorder:
         while not self._stop.wait(self._poll):
             group = self._group()
             if group is None or not _is_default_group(group):
-                return  # the group was destroyed without fabric: nobody reads these records any more
+                # Destroyed without fabric's teardown: nobody reads these records any more. Let the store go now
+                # (on rank 0 it is a listening server), not when the exit hook that holds this recorder runs.
+                self._stop.set()
+                self.store = self._publisher_store = None
+                return
             if self._current is self._published and time.monotonic() - self._published_at < HEARTBEAT_SECONDS:
                 continue
             try:
