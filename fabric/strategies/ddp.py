@@ -52,7 +52,8 @@ class DDPStrategy(ParallelStrategy):
         )
         self._ddp_kwargs = ddp_kwargs
         # The models this strategy wrapped (weakly: the user owns them), to tell whether a backward all-reduces.
-        self._ddp_modules: weakref.WeakSet[Module] = weakref.WeakSet()
+        # Made at the first setup: ddp_spawn pickles the strategy before that, and a WeakSet cannot be pickled.
+        self._ddp_modules: weakref.WeakSet[Module] | None = None
 
     def setup_module(self, module: Module) -> DistributedDataParallel:
         """Wrap in DDP; parameters are broadcast from rank 0 so every replica starts equal."""
@@ -65,13 +66,15 @@ class DDPStrategy(ParallelStrategy):
         # torch.cuda.stream(...) around fabric.setup.
         with self._collective("setup"):  # DDP's constructor broadcasts rank 0's weights
             wrapped = DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
+        if self._ddp_modules is None:
+            self._ddp_modules = weakref.WeakSet()
         self._ddp_modules.add(wrapped)
         return wrapped
 
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         """Backward through the precision plugin; DDP's gradient all_reduce is recorded like any collective."""
         # fabric.backward(loss) rarely names the model: then any model of ours that syncs makes it a collective.
-        candidates = [module] if module is not None else list(self._ddp_modules)
+        candidates = [module] if module is not None else list(self._ddp_modules or ())
         if not any(_syncs_gradients(candidate) for candidate in candidates):
             super().backward(tensor, module, *args, **kwargs)
             return
