@@ -85,7 +85,7 @@ class CollectiveRecorder:
         self._published: tuple[Collective | None, bool] | None = None
         self._published_at = 0.0
         # A connection of its own, so the publisher never waits behind the calling thread's store requests.
-        self._publisher_store = store.clone() if hasattr(store, "clone") else store
+        self._publisher_store = _own_connection(store)
         self._publish(store)  # at once: peers must find the key even if this rank never issues a collective
         self._thread = threading.Thread(target=self._run, name="fabric-collective-record", daemon=True)
         self._thread.start()
@@ -157,6 +157,14 @@ class CollectiveRecorder:
     def finished(self) -> bool:
         """Whether `finish` ran."""
         return self._stop.is_set()
+
+
+def _own_connection(store: Any) -> Any:
+    """A second client of `store` (TCPStore), or the store itself where it cannot be cloned (HashStore, ...)."""
+    try:
+        return store.clone()
+    except Exception:
+        return store
 
 
 def _is_default_group(group: Any) -> bool:

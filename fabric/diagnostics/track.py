@@ -44,10 +44,18 @@ def start_recording() -> CollectiveRecorder | None:
     recorder = _RECORDERS.get(group)
     if recorder is not None:
         return recorder
+    debug = debug_enabled()
     store = _default_store()
-    if store is None:
+    try:
+        recorder = CollectiveRecorder(store, dist.get_rank(), dist.get_world_size(), group, debug)
+    except Exception:  # no store, or one that refuses writes: train on, with only the plain timeout message
+        if debug:
+            warnings.warn(
+                f"{DEBUG_VARIABLE}=1: the process group has no rendezvous store fabric can write to, so collectives "
+                "are not compared across ranks, and timeouts do not name the missing rank.",
+                stacklevel=2,
+            )
         return None
-    recorder = CollectiveRecorder(store, dist.get_rank(), dist.get_world_size(), group, debug_enabled())
     _RECORDERS[group] = recorder
     # Registered after the group's own exit hook, so it runs first: peers see "exited" before the connection drops.
     atexit.register(recorder.finish)

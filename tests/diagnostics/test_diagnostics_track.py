@@ -129,3 +129,12 @@ def test_check_raises_with_both_call_sites() -> None:
         "all_reduce(float32[2, 3], mean) at train.py:52; rank 1 calls barrier() at train.py:40. Every rank must"
     )
     recorder.finish()
+
+
+def test_debug_mode_warns_when_the_group_has_no_usable_store(
+    one_rank_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(track.DEBUG_VARIABLE, "1")
+    monkeypatch.setattr(track, "_default_store", lambda: None)
+    with pytest.warns(UserWarning, match=r"FABRIC_DEBUG_COLLECTIVES=1: the process group has no rendezvous store"):
+        assert track.start_recording() is None
