@@ -7,9 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-_FABRIC_DIR = str(Path(__file__).resolve().parent.parent) + os.sep  # fabric/, from fabric/diagnostics/
+# fabric/, from fabric/diagnostics/, as the code objects name it (unresolved) and resolved (a symlinked install).
+_FABRIC_DIRS = {str(Path(__file__).parent.parent) + os.sep, str(Path(__file__).resolve().parent.parent) + os.sep}
 # contextlib's frames sit between fabric's frames when a collective is issued from a `with` block in fabric.
-_SKIPPED = (_FABRIC_DIR, str(Path(contextlib.__file__)))
+_SKIPPED = (*_FABRIC_DIRS, str(Path(contextlib.__file__)))
 
 
 def call_site() -> str:

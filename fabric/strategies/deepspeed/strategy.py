@@ -215,9 +215,10 @@ class DeepSpeedStrategy(ParallelStrategy):
 
         if optimizer is not None:
             _check_optimizer_fits(module, optimizer)
-        engine, _, _, _ = deepspeed.initialize(
-            model=module, optimizer=optimizer, config=config or self.config, dist_init_required=False
-        )
+        with self._collective("setup"):  # DeepSpeed broadcasts rank 0's weights and builds its groups
+            engine, _, _, _ = deepspeed.initialize(
+                model=module, optimizer=optimizer, config=config or self.config, dist_init_required=False
+            )
         return engine
 
     def module_to_device(self, module: Module) -> None:
