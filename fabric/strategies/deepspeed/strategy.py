@@ -264,7 +264,9 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         """engine.backward: loss scaling and the ZeRO gradient reduce-scatter happen inside."""
-        self._require_engine("fabric.backward(loss)").backward(tensor, *args, **kwargs)
+        engine = self._require_engine("fabric.backward(loss)")
+        with self._collective("backward"):
+            engine.backward(tensor, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """engine.step: the sharded step, the parameter all-gather, gradient zeroing, LR schedule of the config."""

@@ -135,6 +135,15 @@ class _FullyShardedStrategy(ParallelStrategy):
     def _materialize_device(self) -> torch.device:
         return self.root_device
 
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision plugin; with sharded models it is a recorded collective."""
+        if not self._sharded_modules:
+            super().backward(tensor, module, *args, **kwargs)
+            return
+        # Gathers the resharded parameters again and reduce-scatters the gradients: every rank takes part.
+        with self._collective("backward"):
+            super().backward(tensor, module, *args, **kwargs)
+
     def setup_module_and_optimizers(
         self, module: Module, optimizers: Iterable[Optimizer]
     ) -> tuple[Module, list[Optimizer]]:
