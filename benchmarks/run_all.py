@@ -30,6 +30,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
     if args.smoke:
         cpu = [["launch_startup.py", "--smoke"], ["checkpoint.py", "--smoke"], ["checkpoint_async.py", "--smoke"]]
         cpu.append(["uneven_all_gather.py", "--smoke"])
+        cpu.append(["collective_record_overhead.py", "--smoke"])
         gpu = [
             ["cuda_precision.py", "--device", "cpu", "--smoke"],
             ["gpu_memory_and_speed.py", "--device", "cpu", "--smoke"],
@@ -45,6 +46,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         ["checkpoint.py", *rounds, *peer],
         ["checkpoint_async.py", *rounds, *peer],
         ["uneven_all_gather.py", *rounds, *peer],
+        ["collective_record_overhead.py", *rounds, *peer],
     ]
     if args.cuda:
         scripts.append(["cuda_precision.py", "--rounds", str(max(1, args.rounds // 2 + 1)), *peer])

@@ -85,6 +85,17 @@ def test_checkpoint_async_smoke_measures_blocking_and_sync_saves() -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.multiprocess
+def test_collective_record_overhead_smoke_reports_the_cost_per_collective() -> None:
+    result = _run("collective_record_overhead.py", "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for label in ("fabric, recording on", "fabric, FABRIC_DEBUG_COLLECTIVES=1", "recording context alone"):
+        _assert_ratio_row(out, label)
+    assert re.search(r"^recording overhead per collective: [\d.]+ us on the calling thread", out, re.MULTILINE), out
+    assert re.search(r"^target: calling-thread cost of recording < 50 us -> [\d.]+ us: (PASS|FAIL)$", out, re.M), out
+
+
 def test_cuda_precision_code_paths_run_on_cpu() -> None:
     result = _run("cuda_precision.py", "--device", "cpu", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr

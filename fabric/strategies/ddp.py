@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 from torch.nn import Module
 
 from fabric.accelerators.accelerator import Accelerator
@@ -49,6 +51,9 @@ class DDPStrategy(ParallelStrategy):
             num_nodes=num_nodes,
         )
         self._ddp_kwargs = ddp_kwargs
+        # The models this strategy wrapped (weakly: the user owns them), to tell whether a backward all-reduces.
+        # Made at the first setup: ddp_spawn pickles the strategy before that, and a WeakSet cannot be pickled.
+        self._ddp_modules: weakref.WeakSet[Module] | None = None
 
     def setup_module(self, module: Module) -> DistributedDataParallel:
         """Wrap in DDP; parameters are broadcast from rank 0 so every replica starts equal."""
@@ -59,7 +64,22 @@ class DDPStrategy(ParallelStrategy):
         # whole-network CUDA graph capture needs, and which makes every backward warn that AccumulateGrad's
         # stream differs from the producer's (Lightning has since dropped it). Capture users can enter their own
         # torch.cuda.stream(...) around fabric.setup.
-        return DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
+        with self._collective("setup"):  # DDP's constructor broadcasts rank 0's weights
+            wrapped = DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
+        if self._ddp_modules is None:
+            self._ddp_modules = weakref.WeakSet()
+        self._ddp_modules.add(wrapped)
+        return wrapped
+
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision plugin; DDP's gradient all_reduce is recorded like any collective."""
+        # fabric.backward(loss) rarely names the model: then any model of ours that syncs makes it a collective.
+        candidates = [module] if module is not None else list(self._ddp_modules or ())
+        if not any(_syncs_gradients(candidate) for candidate in candidates):
+            super().backward(tensor, module, *args, **kwargs)
+            return
+        with self._collective("backward"):
+            super().backward(tensor, module, *args, **kwargs)
 
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
         """DDP's own no_sync: gradients accumulate locally until the next synced backward."""
@@ -73,3 +93,9 @@ class DDPStrategy(ParallelStrategy):
                 "returned by fabric.setup(). Pass the model that fabric.setup() returned."
             )
         return module.no_sync()
+
+
+def _syncs_gradients(module: Module | None) -> bool:
+    """Whether a backward through `module` all-reduces gradients (a DDP module outside no_sync)."""
+    # DDP's own flag, without importing DDP (its import costs tens of ms): no_sync() turns it off.
+    return bool(getattr(module, "require_backward_grad_sync", False)) and hasattr(module, "reducer")

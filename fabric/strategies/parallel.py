@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fabric.accelerators.accelerator import Accelerator
+from fabric.diagnostics import track as _diagnostics
 from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
@@ -160,6 +161,7 @@ class ParallelStrategy(Strategy):
         if dist.is_initialized():
             self._check_existing_group()
             self._attach_preemption(_dist.default_store())
+            _diagnostics.start_recording()
             return
         env = self.cluster_environment
         assert env is not None, "connector always sets a cluster environment"
@@ -184,6 +186,8 @@ class ParallelStrategy(Strategy):
         # finalisation, where freeing gloo's threads aborts the process ("terminate called without an active
         # exception") in about one run in ten.
         atexit.register(_destroy_at_exit, weakref.ref(dist.group.WORLD))
+        # After the hook above, so that at exit this rank publishes "exited" before its connections close.
+        _diagnostics.start_recording()
 
     def _attach_preemption(self, store: Any) -> None:
         # Nothing else ends the other ranks when one fails unless fabric launched them or an agent supervises them.
@@ -207,6 +211,7 @@ class ParallelStrategy(Strategy):
         finally:
             self.preemption.detach()  # its thread uses the group's store
             if self._owns_process_group and dist.is_initialized():
+                _diagnostics.stop_recording()
                 dist.destroy_process_group()
             self._owns_process_group = False
             super().teardown()
@@ -244,7 +249,7 @@ class ParallelStrategy(Strategy):
         """Wait for every process (no-op before the group exists)."""
         if not dist.is_initialized():
             return
-        with self._explain_timeout("barrier"):
+        with self._collective("barrier"):
             if self._live_group_uses_nccl:
                 dist.barrier(device_ids=[self.root_device.index])
             else:
@@ -255,7 +260,7 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             return obj
         holder = [obj]
-        with self._explain_timeout("broadcast"):
+        with self._collective("broadcast", (f"src={src}",)):
             dist.broadcast_object_list(holder, src=src, device=self._object_device)
         return holder[0]
 
@@ -273,7 +278,7 @@ class ParallelStrategy(Strategy):
         """Stack the tensors of all processes along a new first dimension."""
         if not dist.is_initialized():
             return tensor
-        with self._explain_timeout("all_gather"):
+        with self._collective("all_gather", (tensor,), group):
             return _dist.all_gather(tensor, group=group, sync_grads=sync_grads)
 
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
@@ -281,17 +286,22 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             _dist.check_reduce_op(reduce_op)
             return tensor
-        with self._explain_timeout("all_reduce"):
+        with self._collective("all_reduce", (tensor, reduce_op), group):
             return _dist.all_reduce(tensor, reduce_op, self.world_size, group=group)
 
-    def _explain_timeout(self, operation: str) -> AbstractContextManager[None]:
-        """Name the operation and the setting to change when a collective times out, instead of gloo's bare text."""
+    def _collective(
+        self, operation: str, args: tuple[Any, ...] = (), group: Any = None
+    ) -> AbstractContextManager[None]:
+        """Record the collective for hang diagnosis, compare it across ranks in debug mode, explain its failure.
+
+        `args` are what must match on every rank (FABRIC_DEBUG_COLLECTIVES): tensors by dtype and shape.
+        """
         if self._owns_process_group:
             waited, setting = str(self._timeout), f"{type(self).__name__}(timeout=...)"
         else:
             # The group is someone else's: its timeout was set where it was created, not by this strategy.
             waited, setting = "the process group's timeout", "torch.distributed.init_process_group(timeout=...)"
-        return _dist.explain_timeout(operation, waited, setting)
+        return _diagnostics.collective(operation, waited, setting, args, group)
 
 
 def _share_cpu_threads(num_processes: int) -> None:

@@ -141,7 +141,8 @@ def explain_timeout(operation: str, waited: str, setting: str) -> Iterator[None]
         yield
     except RuntimeError as err:
         text = str(err).lower()
-        if "timed out" not in text and "timeout" not in text:
+        # An error fabric.diagnostics already explained (a recorded collective nested in this one) stays as it is.
+        if ("timed out" not in text and "timeout" not in text) or getattr(err, "_fabric_collective_explained", False):
             raise
         longer = setting.replace("...", "timedelta(minutes=...)")
         raise RuntimeError(

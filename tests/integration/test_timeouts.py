@@ -31,14 +31,19 @@ def test_collective_times_out_with_explained_error(tmp_path: Path, ops: tuple[st
     for index, op in enumerate(ops):
         result = json.loads((tmp_path / f"{op}.json").read_text())
         assert result["raised"] == "RuntimeError", result
-        assert result["message"].startswith(
-            f"fabric.{op}() timed out after 0:00:03 waiting for the other processes (DDPStrategy(timeout=...))."
-        ), result
-        assert "A process may have died or be stuck" in result["message"]
-        assert "Pass DDPStrategy(timeout=timedelta(minutes=...)) to wait longer." in result["message"]
+        message = result["message"]
+        # Collective #1 is the barrier both ranks passed; rank 0 then waits alone at #2 (and #3).
+        assert message.startswith(f"fabric.{op}() at to_collective.py:"), result
+        assert f"(collective #{2 + index})" in message, result
+        assert "rank 1 has not arrived; its last collective was #1 barrier() at to_collective.py:" in message
+        assert "and it is still running." in message, result
         if index == 0:
+            assert "timed out after 0:00:03: rank 1" in message, result
+            assert message.endswith("To wait longer, pass DDPStrategy(timeout=timedelta(minutes=...))."), result
             assert TIMEOUT_SECONDS - 0.5 < result["seconds"] < TIMEOUT_SECONDS + SLACK_SECONDS, result
             assert "Timed out" in result["cause"], "torch's own error is kept as __cause__"
+        else:
+            assert "failed at once: an earlier collective timed out" in message, result
 
 
 def test_timeout_error_keeps_cause_and_names_setting() -> None:

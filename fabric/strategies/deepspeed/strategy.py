@@ -219,9 +219,10 @@ class DeepSpeedStrategy(ParallelStrategy):
 
         if optimizer is not None:
             _check_optimizer_fits(module, optimizer)
-        engine, _, _, _ = deepspeed.initialize(
-            model=module, optimizer=optimizer, config=config or self.config, dist_init_required=False
-        )
+        with self._collective("setup"):  # DeepSpeed broadcasts rank 0's weights and builds its groups
+            engine, _, _, _ = deepspeed.initialize(
+                model=module, optimizer=optimizer, config=config or self.config, dist_init_required=False
+            )
         return engine
 
     def module_to_device(self, module: Module) -> None:
@@ -267,7 +268,9 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         """engine.backward: loss scaling and the ZeRO gradient reduce-scatter happen inside."""
-        self._require_engine("fabric.backward(loss)").backward(tensor, *args, **kwargs)
+        engine = self._require_engine("fabric.backward(loss)")
+        with self._collective("backward"):
+            engine.backward(tensor, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """engine.step: the sharded step, the parameter all-gather, gradient zeroing, LR schedule of the config."""

@@ -139,15 +139,25 @@ class _FullyShardedStrategy(ParallelStrategy):
         """Shard the module; a meta-device module is then allocated and initialised with reset_parameters()."""
         utils.check_has_parameters(module, type(self).__name__)
         on_meta = utils.has_meta_tensors(module)
-        sharded = self._shard(module)
-        if on_meta:
-            utils.materialize_meta_module(sharded, self._materialize_device)
+        with self._collective("setup"):  # broadcasts of rank 0's weights or seed, the device mesh
+            sharded = self._shard(module)
+            if on_meta:
+                utils.materialize_meta_module(sharded, self._materialize_device)
         self._sharded_modules.add(sharded)
         return sharded
 
     @property
     def _materialize_device(self) -> torch.device:
         return self.root_device
+
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision plugin; with sharded models it is a recorded collective."""
+        if not self._sharded_modules:
+            super().backward(tensor, module, *args, **kwargs)
+            return
+        # Gathers the resharded parameters again and reduce-scatters the gradients: every rank takes part.
+        with self._collective("backward"):
+            super().backward(tensor, module, *args, **kwargs)
 
     def setup_module_and_optimizers(
         self, module: Module, optimizers: Iterable[Optimizer]
@@ -208,17 +218,23 @@ class _FullyShardedStrategy(ParallelStrategy):
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
         """Every rank takes part: a sharded folder (each rank its shards) or one full file written by rank 0."""
-        from fabric.checkpoint import sharded as _sharded_checkpoint
-
         if storage_options is not None:
             raise FabricTypeError(
                 f"{type(self).__name__}.save_checkpoint(storage_options=...): sharded checkpoints are written by "
                 "torch.distributed.checkpoint, which takes no storage options. Drop storage_options."
             )
+        if self.checkpoint_io.asynchronous and self._state_dict_type != "full":
+            _refuse_remote_async(path, type(self).__name__)
+        # Gathering the state and torch.distributed.checkpoint's planning are collectives of every rank.
+        with self._collective("save"):
+            self._save(path, state, filter)
+
+    def _save(self, path: str | Path, state: dict[str, Any], filter: Any) -> None:
+        from fabric.checkpoint import sharded as _sharded_checkpoint
+
         if self._state_dict_type == "full":
             _sharded_checkpoint.save_full(path, state, filter, self.checkpoint_io, self.is_global_zero)
         elif self.checkpoint_io.asynchronous:
-            _refuse_remote_async(path, type(self).__name__)
             pinned = self.root_device.type == "cuda"
             self._async_saver.save(
                 path, state, filter, self.checkpoint_io, self.global_rank, self.barrier, self._timeout, pinned
@@ -243,7 +259,8 @@ class _FullyShardedStrategy(ParallelStrategy):
         """Every rank reads a sharded folder or a full file into `state` in place; returns what was not consumed."""
         from fabric.checkpoint import sharded as _sharded_checkpoint
 
-        return _sharded_checkpoint.load(path, state, strict, weights_only)
+        with self._collective("load"):  # torch.distributed.checkpoint plans the read with every rank
+            return _sharded_checkpoint.load(path, state, strict, weights_only)
 
 
 def _refuse_remote_async(path: str | Path, owner: str) -> None:

@@ -1,0 +1,67 @@
+"""FABRIC_DEBUG_COLLECTIVES: before each collective, every rank compares what it is about to issue with the others.
+
+The comparison goes through the rendezvous store, not the process group, so it works whatever the ranks issue.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fabric.diagnostics.record import Collective, CollectiveRecorder
+
+_KEY = "fabric/diag/check/{seq}/{rank}"
+
+
+class CollectiveMismatchError(RuntimeError):
+    """The ranks were about to issue different collectives (raised on every rank)."""
+
+
+def signature(op: str, args: tuple[Any, ...]) -> str:
+    """`all_reduce(float32[2, 3], sum)`: what must be equal on every rank for the collective to be valid."""
+    return f"{op}({', '.join(_describe(arg) for arg in args)})"
+
+
+def _describe(arg: Any) -> str:
+    shape, dtype = getattr(arg, "shape", None), getattr(arg, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
+    return str(arg)
+
+
+def check_same_collective(recorder: CollectiveRecorder, collective: Collective, args: tuple[Any, ...]) -> None:
+    """Publish this rank's collective, wait for every rank's, and raise on every rank if they differ.
+
+    A rank that never arrives makes the store's wait time out, which the caller explains as a hang.
+    """
+    store = recorder.store
+    if store is None:
+        return
+    mine = json.dumps({"sig": signature(collective.op, args), "site": collective.site})
+    store.set(_KEY.format(seq=collective.seq, rank=recorder.rank), mine)
+    keys = [_KEY.format(seq=collective.seq, rank=rank) for rank in range(recorder.world_size)]
+    store.wait(keys)  # the store's timeout is the collective timeout
+    entries = [json.loads(raw) for raw in store.multi_get(keys)]
+    if collective.seq > 1:
+        # Every rank wrote this collective's key, so every rank has read the previous one: free it.
+        store.delete_key(_KEY.format(seq=collective.seq - 1, rank=recorder.rank))
+    if any(entry["sig"] != entries[0]["sig"] for entry in entries):
+        raise CollectiveMismatchError(_mismatch_message(collective.seq, entries))
+
+
+def _mismatch_message(seq: int, entries: list[dict[str, str]]) -> str:
+    groups: dict[tuple[str, str], list[int]] = {}
+    for rank, entry in enumerate(entries):
+        groups.setdefault((entry["sig"], entry["site"]), []).append(rank)
+    parts = [f"{_ranks(ranks)} {sig} at {site}" for (sig, site), ranks in groups.items()]
+    return (
+        f"FABRIC_DEBUG_COLLECTIVES: the ranks issue different collectives as collective #{seq}: "
+        + "; ".join(parts)
+        + ". Every rank must issue the same collectives in the same order, with the same shapes and dtypes "
+        "(gloo and NCCL would otherwise hang, fail or return wrong values). Make every rank reach the same call "
+        "with the same kind of tensor."
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]} calls" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} call"

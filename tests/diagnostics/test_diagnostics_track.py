@@ -1,0 +1,140 @@
+"""Recording around a collective, the debug-mode comparison, and the FABRIC_DEBUG_COLLECTIVES switch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fabric.diagnostics import track
+from fabric.diagnostics.callsite import call_site
+from fabric.diagnostics.check import CollectiveMismatchError, check_same_collective, signature
+from fabric.diagnostics.record import Collective, CollectiveRecorder, PeerRecord, record_key
+from fabric.environments.default import find_free_port
+from fabric.utilities.exceptions import FabricValueError
+
+
+class _Group:
+    """Stands for a process group."""
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[Any]:
+    """A real gloo group of one process, with the TCP store a launched job has."""
+    store = dist.TCPStore("127.0.0.1", find_free_port(), 1, is_master=True, timeout=timedelta(seconds=10))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield store
+    track.stop_recording()
+    dist.destroy_process_group()
+
+
+def test_debug_switch_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(track.DEBUG_VARIABLE, raising=False)
+    assert not track.debug_enabled()
+    monkeypatch.setenv(track.DEBUG_VARIABLE, "1")
+    assert track.debug_enabled()
+    monkeypatch.setenv(track.DEBUG_VARIABLE, "0")
+    assert not track.debug_enabled()
+    monkeypatch.setenv(track.DEBUG_VARIABLE, "detail")
+    with pytest.raises(FabricValueError, match=r"FABRIC_DEBUG_COLLECTIVES='detail': not a switch\. Set it to 1"):
+        track.debug_enabled()
+
+
+def test_call_site_is_the_first_frame_outside_fabric() -> None:
+    line, site = sys._getframe().f_lineno, call_site()
+    assert site == f"test_diagnostics_track.py:{line}"
+
+
+def test_signature_names_dtype_shape_and_options() -> None:
+    tensor = torch.ones(2, 3, dtype=torch.float16)
+    assert signature("all_reduce", (tensor, "sum")) == "all_reduce(float16[2, 3], sum)"
+    assert signature("barrier", ()) == "barrier()"
+
+
+def test_without_a_recorder_the_plain_timeout_message_remains() -> None:
+    assert not dist.is_initialized()
+    with (
+        pytest.raises(RuntimeError, match=r"^fabric\.barrier\(\) timed out after 0:00:03 waiting for the other"),
+        track.collective("barrier", "0:00:03", "DDPStrategy(timeout=...)"),
+    ):
+        raise RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+
+
+def test_recording_on_a_real_group(one_rank_group: Any) -> None:
+    recorder = track.start_recording()
+    assert recorder is not None and track.start_recording() is recorder, "one recorder per group"
+    with track.collective("all_reduce", "0:00:03", "DDPStrategy(timeout=...)", (torch.ones(1), "sum")):
+        dist.all_reduce(torch.ones(1))
+    line = sys._getframe().f_lineno + 1
+    with (
+        pytest.raises(RuntimeError, match=r"^fabric\.barrier\(\) at test_diagnostics_track\.py:\d+ \(collective #2\)"),
+        track.collective("barrier", "0:00:03", "DDPStrategy(timeout=...)"),
+    ):
+        raise RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+    track.stop_recording()
+    record = PeerRecord.decode(0, dist.distributed_c10d._get_default_store().get(record_key(0)))
+    assert record.state == "exited"
+    assert record.last == Collective(2, "barrier", f"test_diagnostics_track.py:{line}")
+
+
+def test_errors_that_say_nothing_about_peers_pass_through(one_rank_group: Any) -> None:
+    track.start_recording()
+    with pytest.raises(RuntimeError, match=r"^Tensors must be contiguous$"), track.collective("all_gather", "", ""):
+        raise RuntimeError("Tensors must be contiguous")
+
+
+def test_debug_mode_warns_that_subgroups_are_not_compared(one_rank_group: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(track.DEBUG_VARIABLE, "1")
+    track.start_recording()
+    subgroup = dist.new_group([0])
+    with (
+        pytest.warns(UserWarning, match=r"fabric\.all_reduce\(group=\.\.\.\) runs on a subgroup; only collectives"),
+        track.collective("all_reduce", "0:00:03", "DDPStrategy(timeout=...)", group=subgroup),
+    ):
+        dist.all_reduce(torch.ones(1), group=subgroup)
+
+
+def _recorder(store: Any) -> CollectiveRecorder:
+    return CollectiveRecorder(store, 0, 2, _Group(), debug=True)
+
+
+def _peer_entry(store: Any, seq: int, sig: str, site: str = "train.py:9") -> None:
+    store.set(f"fabric/diag/check/{seq}/1", json.dumps({"sig": sig, "site": site}))
+
+
+def test_check_passes_when_every_rank_issues_the_same() -> None:
+    store = dist.HashStore()
+    recorder = _recorder(store)
+    for seq in (1, 2):
+        _peer_entry(store, seq, "all_reduce(float32[2], sum)")
+        check_same_collective(recorder, Collective(seq, "all_reduce", "train.py:9"), (torch.ones(2), "sum"))
+    assert not store.check(["fabric/diag/check/1/0"]), "an entry every rank has read is freed"
+    recorder.finish()
+
+
+def test_check_raises_with_both_call_sites() -> None:
+    store = dist.HashStore()
+    recorder = _recorder(store)
+    _peer_entry(store, 1, "barrier()", site="train.py:40")
+    with pytest.raises(CollectiveMismatchError) as info:
+        check_same_collective(recorder, Collective(1, "all_reduce", "train.py:52"), (torch.ones(2, 3), "mean"))
+    assert str(info.value).startswith(
+        "FABRIC_DEBUG_COLLECTIVES: the ranks issue different collectives as collective #1: rank 0 calls "
+        "all_reduce(float32[2, 3], mean) at train.py:52; rank 1 calls barrier() at train.py:40. Every rank must"
+    )
+    recorder.finish()
+
+
+def test_debug_mode_warns_when_the_group_has_no_usable_store(
+    one_rank_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(track.DEBUG_VARIABLE, "1")
+    monkeypatch.setattr(track, "_default_store", lambda: None)
+    with pytest.warns(UserWarning, match=r"FABRIC_DEBUG_COLLECTIVES=1: the process group has no rendezvous store"):
+        assert track.start_recording() is None
