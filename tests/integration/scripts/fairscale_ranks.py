@@ -275,8 +275,11 @@ def errors(rank: int, outdir: Path) -> dict[str, Any]:
     fabric = fabric_for()
     foreign = torch.optim.SGD(make_model().parameters(), lr=0.1)
     plain = torch.optim.SGD(make_model().parameters(), lr=0.1)
+    model = make_model()
+    partly_foreign = torch.optim.SGD([*model.parameters(), *make_model().parameters()], lr=0.1)
     result = {
         "foreign_optimizer": error_of(lambda: fabric.setup(make_model(), foreign)),
+        "partly_foreign_optimizer": error_of(lambda: fabric.setup(model, partly_foreign)),
         "setup_module": error_of(lambda: fabric.setup_module(make_model())),
         "setup_without_optimizer": error_of(lambda: fabric.setup(make_model())),
         "setup_optimizers": error_of(lambda: fabric.setup_optimizers(plain)),
