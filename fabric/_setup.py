@@ -23,6 +23,7 @@ def setup_dataloader(strategy: Strategy, loader: Any, use_sampler: bool, move: b
     from torch.utils.data import DataLoader
 
     from fabric._dataloader import _FabricDataLoader
+    from fabric.utilities._loader_state import make_stateful
     from fabric.utilities.data import add_worker_init_fn
     from fabric.utilities.seed import current_seed_config
 
@@ -40,9 +41,12 @@ def setup_dataloader(strategy: Strategy, loader: Any, use_sampler: bool, move: b
     seed, seed_workers = current_seed_config()
     if seed_workers and seed is not None:
         loader = add_worker_init_fn(loader, rank=strategy.global_rank)
+    # Last, so that the position it keeps covers the final sampler and workers (see docs/resume.md).
+    loader = make_stateful(loader, strategy.world_size, seed or 0)
     root = strategy.root_device
     device = root if move and root.type != "cpu" else None
-    return _FabricDataLoader(loader, device=device, move_fn=move_to_device if device is not None else None)
+    move_fn = move_to_device if device is not None else None
+    return _FabricDataLoader(loader, device, move_fn, rank=strategy.global_rank, world_size=strategy.world_size)
 
 
 def check_scheduler(scheduler: Any, optimizers: tuple[Optimizer, ...], strategy: Strategy) -> None:

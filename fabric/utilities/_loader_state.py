@@ -1,0 +1,225 @@
+"""Position of a set-up DataLoader in its epochs: capture, checks and restore, for exact mid-epoch resume.
+
+torchdata's StatefulDataLoader keeps the position inside an epoch (sampler, workers, their seeds); this module
+adds what it does not know: the epoch number the sampler was told, what the loader reads (to refuse a state from
+another loader), and each rank's own state in a checkpoint that one rank writes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+
+from fabric.utilities.exceptions import FabricTypeError, FabricValueError
+
+if TYPE_CHECKING:
+    from fabric._dataloader import _FabricDataLoader
+
+# The marker and version of a loader state saved by fabric; a checkpoint entry without it is not one.
+MARKER = "fabric_loader_state"
+VERSION = 1
+INSTALL = "pip install 'torchfabric[resume]' (or pip install torchdata)"
+# Samplers that draw a new order from the global RNG (or an unsaved generator) each epoch: in one process fabric
+# orders them per epoch from the seed instead, as it does on several ranks, so that a resumed run can repeat it.
+_RANDOM_PER_ITER = (WeightedRandomSampler, SubsetRandomSampler)
+
+
+def stateful_loader_class() -> type[DataLoader] | None:
+    """torchdata's StatefulDataLoader, or None when torchdata is not installed."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        return None
+    return StatefulDataLoader
+
+
+def make_stateful(loader: DataLoader, world_size: int, seed: int) -> DataLoader:
+    """The same loader rebuilt as a StatefulDataLoader, whose position can be saved and restored.
+
+    Only a plain ``DataLoader`` is rebuilt: a subclass keeps its class (the user's code may rely on it), and a
+    StatefulDataLoader already is one. Without torchdata the loader is returned as is; saving it then says how
+    to install torchdata. A plain ``RandomSampler`` becomes torchdata's, whose generator (seeded once, from the
+    global RNG) is saved, so the resumed epoch and every later one shuffle as they would have.
+    """
+    stateful = stateful_loader_class()
+    if stateful is None or type(loader) is not DataLoader:
+        return loader
+    from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
+
+    from fabric.utilities.data import (
+        _DATALOADER_PARAMS,
+        DistributedSamplerWrapper,
+        _RebuildContext,
+        _sampling_values,
+    )
+
+    ctx = _RebuildContext("setup_dataloaders", "as a StatefulDataLoader", "pass a DataLoader without it")
+    values: dict[str, Any] = {name: getattr(loader, name) for name in _DATALOADER_PARAMS if hasattr(loader, name)}
+    values.update(_sampling_values(loader, None, ctx))
+    values["shuffle"] = False
+    sampler = values["sampler"]
+    if type(sampler) is RandomSampler:
+        values["sampler"] = StatefulRandomSampler(
+            sampler.data_source, sampler.replacement, sampler._num_samples, sampler.generator
+        )
+    elif type(sampler) in _RANDOM_PER_ITER and world_size == 1:
+        values["sampler"] = DistributedSamplerWrapper(sampler, num_replicas=1, rank=0, seed=seed)
+    with warnings.catch_warnings():
+        # torchdata 0.11 calls torch.set_vital, which torch now deprecates; nothing the user can act on.
+        warnings.filterwarnings("ignore", message=".*set_vital.*")
+        return stateful(**values)
+
+
+def is_stateful(loader: DataLoader) -> bool:
+    """Whether the loader can report and restore its position inside an epoch."""
+    stateful = stateful_loader_class()
+    return stateful is not None and isinstance(loader, stateful)
+
+
+# -- what a state describes --------------------------------------------------------------------------------------
+def _order(sampler: Any) -> str:
+    """How the sampler orders the data: 'shuffled', 'sequential', or its class name."""
+    inner = getattr(sampler, "sampler", None)
+    if isinstance(sampler, DistributedSampler) and inner is not None:  # fabric's wrapper: the wrapped one decides
+        return _order(inner)
+    if isinstance(sampler, DistributedSampler):
+        return "shuffled" if sampler.shuffle else "sequential"
+    if isinstance(sampler, RandomSampler) or type(sampler).__name__ == "RandomSampler":
+        return "shuffled"
+    if isinstance(sampler, SequentialSampler):
+        return "sequential"
+    return type(sampler).__name__
+
+
+def _active_sampler(loader: DataLoader) -> Any:
+    batch_sampler = loader.batch_sampler
+    return loader.sampler if batch_sampler is None else getattr(batch_sampler, "sampler", batch_sampler)
+
+
+def fingerprint(loader: DataLoader) -> dict[str, Any]:
+    """What must be equal for a saved position to mean the same samples: data size, batching and order."""
+    from fabric.utilities.data import sized_len
+
+    sampler = _active_sampler(loader)
+    batch_sampler = loader.batch_sampler
+    return {
+        "dataset_length": sized_len(loader.dataset),
+        "batch_size": getattr(batch_sampler, "batch_size", loader.batch_size),
+        "drop_last": getattr(batch_sampler, "drop_last", loader.drop_last),
+        "order": _order(sampler),
+        "seed": getattr(sampler, "seed", None) if isinstance(sampler, DistributedSampler) else None,
+    }
+
+
+def _describe(print_: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in print_.items())
+
+
+def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], ignore: tuple[str, ...] = ()) -> None:
+    """Refuse a state from a loader over other data, batches or order: it would silently resume the wrong samples."""
+    different = {key: (saved.get(key), value) for key, value in current.items() if key not in ignore}
+    different = {key: pair for key, pair in different.items() if pair[0] != pair[1]}
+    if different:
+        listed = "; ".join(f"{key}: saved {old!r}, now {new!r}" for key, (old, new) in different.items())
+        raise FabricValueError(
+            f"load(state['loader']): the saved loader state belongs to a loader that differs from this one "
+            f"({listed}), so its position would point at other samples. Set the loader up as it was when saving "
+            f"({_describe(saved)}), or leave the loader out of the state given to fabric.load to start its epoch "
+            "from the beginning."
+        )
+
+
+# -- checkpoint entries ------------------------------------------------------------------------------------------
+def entry(rank_states: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """The checkpoint entry: every rank's state, keyed by its global rank (as text: DCP keys are strings)."""
+    return {MARKER: VERSION, "world_size": world_size, "ranks": rank_states}
+
+
+def collect(loader: _FabricDataLoader) -> dict[str, Any]:
+    """The loader's entry for fabric.save, holding every rank's state (a collective when several ranks run).
+
+    One rank writes a DDP checkpoint, and DCP keeps one copy of equal keys; gathering first gives each rank its
+    own state back on load whatever the format.
+    """
+    own = loader.state_dict()
+    if loader.world_size <= 1:
+        return own
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return own
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, own["ranks"])
+    merged: dict[str, Any] = {}
+    for ranks in gathered:
+        merged.update(ranks)
+    return entry(merged, loader.world_size)
+
+
+def rank_state(saved: Any, rank: int, world_size: int) -> dict[str, Any]:
+    """This rank's state from a checkpoint entry; on another world size, only an epoch boundary carries over."""
+    if not isinstance(saved, dict) or saved.get(MARKER) != VERSION or not isinstance(saved.get("ranks"), dict):
+        raise FabricValueError(
+            f"load(state['loader']): the checkpoint entry ({type(saved).__name__}) is not a loader state saved by "
+            "fabric. Load the entry that fabric.save wrote for this loader, or leave the loader out of the state."
+        )
+    ranks: dict[str, Any] = saved["ranks"]
+    if saved["world_size"] == world_size and str(rank) in ranks:
+        return ranks[str(rank)]
+    if saved["world_size"] == world_size:
+        raise FabricValueError(
+            f"load(state['loader']): the saved loader state holds ranks {sorted(ranks)} only, not rank {rank}. "
+            "Save it with fabric.save from every rank (it gathers each rank's state), not loader.state_dict() "
+            "from one rank."
+        )
+    mid = sorted(key for key, state in ranks.items() if state["mid_epoch"])
+    if mid:
+        first = ranks[mid[0]]
+        raise FabricValueError(
+            f"load(state['loader']): the loader state was saved by {saved['world_size']} ranks in the middle of "
+            f"epoch {first['epoch']} (after {first['batches']} batches), and this run has {world_size}. The rest "
+            "of that epoch was split among the saved ranks, so it cannot be divided anew. Resume on "
+            f"{saved['world_size']} ranks, or save at an epoch boundary (after the loop over the loader) to change "
+            "the world size."
+        )
+    # At a boundary every rank holds the same next epoch; the new ranks start it with their own shards.
+    return {**ranks[min(ranks, key=int)], "generator": None}
+
+
+def refuse_plain_loader(op: str, key: str, value: Any) -> None:
+    """A DataLoader fabric did not set up has no position to save or restore; say so instead of pickling it."""
+    if not isinstance(value, DataLoader) or is_stateful(value):
+        return
+    if op == "save":
+        raise FabricTypeError(
+            f"save(state[{key!r}]={type(value).__name__}): this DataLoader was not set up by fabric, so it cannot "
+            "save its position, and pickling the whole loader is not a checkpoint. Put the loader returned by "
+            "fabric.setup_dataloaders(loader) in the state."
+        )
+    raise FabricTypeError(
+        f"load(state[{key!r}]={type(value).__name__}): this DataLoader was not set up by fabric, so it cannot take "
+        "a saved position. Load into the loader returned by fabric.setup_dataloaders(loader)."
+    )
+
+
+def unsupported(loader: DataLoader) -> FabricTypeError:
+    """The error for a set-up loader whose position cannot be saved."""
+    if stateful_loader_class() is None:
+        return FabricTypeError(
+            "save(state with a loader from setup_dataloaders): saving the loader's position needs torchdata's "
+            f"StatefulDataLoader, and torchdata is not installed. Install it: {INSTALL}."
+        )
+    return FabricTypeError(
+        f"save(state with a {type(loader).__name__} from setup_dataloaders): fabric keeps DataLoader subclasses as "
+        "they are, and this one cannot report its position. Derive it from torchdata's StatefulDataLoader "
+        "instead of DataLoader, or set up a plain torch.utils.data.DataLoader."
+    )
