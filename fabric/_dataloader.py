@@ -22,6 +22,12 @@ def _find_set_epoch(dataloader: DataLoader) -> Callable[[int], None] | None:
     return set_epoch if callable(set_epoch) else None
 
 
+def _length(dataloader: DataLoader) -> int | None:
+    from fabric.utilities.data import sized_len
+
+    return sized_len(dataloader)
+
+
 def _sampler_generator(dataloader: DataLoader) -> torch.Generator | None:
     """The generator of a shuffling sampler that keeps one across epochs (torchdata's RandomSampler)."""
     from fabric.utilities._loader_state import _active_sampler
@@ -109,7 +115,8 @@ class _FabricDataLoader:
 
         if not _loader_state.is_stateful(self._dataloader):
             raise _loader_state.unsupported(self._dataloader)
-        mid_epoch = self._mid_epoch
+        # After the epoch's last batch the iterator has not raised StopIteration yet, but nothing is left: a boundary.
+        mid_epoch = self._mid_epoch and self._batches != _length(self._dataloader)
         state: dict[str, Any] = {
             # Inside an epoch: the epoch being read. At a boundary: the epoch the next iteration starts.
             "epoch": self._epoch - 1 if mid_epoch else self._epoch,
