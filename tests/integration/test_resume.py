@@ -65,6 +65,10 @@ def _result(outdir: Path, name: str, run: str, rank: int, allow_error: bool = Fa
     return result
 
 
+def _flat(batches: list[list[int]]) -> list[int]:
+    return [index for batch in batches for index in batch]
+
+
 def _assert_resumed_equals_uninterrupted(outdir: Path, name: str, rank: int, epochs: int) -> None:
     full = _result(outdir, name, "full", rank)
     stopped = _result(outdir, name, "stop", rank)
@@ -84,7 +88,7 @@ def test_two_ranks_resume_mid_epoch_bit_for_bit(two_ranks: Path, name: str, rank
 
 
 def test_the_ranks_read_different_shards(two_ranks: Path) -> None:
-    seen = [sum(_result(two_ranks, "ddp0", "full", rank)["seen"][:7], []) for rank in (0, 1)]
+    seen = [_flat(_result(two_ranks, "ddp0", "full", rank)["seen"][:7]) for rank in (0, 1)]
     assert not set(seen[0]) & set(seen[1]), "each rank reads its own half of epoch 0"
 
 
@@ -102,7 +106,7 @@ def test_fsdp_checkpoint_is_a_directory(two_ranks: Path) -> None:
 def test_one_process_resumes_mid_epoch_bit_for_bit(one_process: Path, name: str) -> None:
     _assert_resumed_equals_uninterrupted(one_process, name, 0, epochs=2)
     seen = _result(one_process, name, "full", 0)["seen"]
-    assert sorted(sum(seen[:13], [])) == list(range(50)), "one epoch reads every sample once"
+    assert sorted(_flat(seen[:13])) == list(range(50)), "one epoch reads every sample once"
     assert seen[:13] != seen[13:26], "each epoch is shuffled anew"
 
 
@@ -114,7 +118,7 @@ def test_epoch_boundary_state_resumes_on_another_world_size(resized: Path, name:
     sampler = DistributedSampler(range(50), num_replicas=1, rank=0, shuffle=True, seed=77)
     sampler.set_epoch(1)
     expected = list(sampler)[:40]
-    assert sum(result["seen"], []) == expected, "epoch 1 in one process's order, from its first batch"
+    assert _flat(result["seen"]) == expected, "epoch 1 in one process's order, from its first batch"
 
 
 @pytest.mark.parametrize("name", ["ddp0", "fsdp0"])
