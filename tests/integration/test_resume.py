@@ -129,3 +129,19 @@ def test_mid_epoch_state_refuses_another_world_size(resized: Path, name: str) ->
         "(after 5 batches), and this run has 1." in error
     )
     assert "Resume on 2 ranks, or save at an epoch boundary" in error
+
+
+@pytest.fixture(scope="module")
+def deepspeed_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install torchfabric[deepspeed])")
+    outdir = tmp_path_factory.mktemp("resume_ds")
+    # DeepSpeed loads (or on first use compiles, ~75 s) its CPU communication op in each run.
+    _run(outdir, "2", "first", "5", "deepspeed:0", timeout=420)
+    _run(outdir, "2", "resume", "5", "deepspeed:0", timeout=420)
+    return outdir
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_deepspeed_zero2_resumes_mid_epoch_bit_for_bit(deepspeed_ranks: Path, rank: int) -> None:
+    assert (deepspeed_ranks / "ckpt_deepspeed0").is_dir(), "DeepSpeed writes a checkpoint directory"
+    _assert_resumed_equals_uninterrupted(deepspeed_ranks, "deepspeed0", rank, epochs=3)
