@@ -193,7 +193,7 @@ def test_state_of_another_loader_is_refused(tmp_path: Path, changed: dict[str, A
     path = _saved_mid_epoch(tmp_path)
     fabric = _fabric()
     other = _setup(fabric, **changed)
-    with pytest.raises(ValueError, match=r"the saved loader state belongs to a loader that differs from this one") as err:
+    with pytest.raises(ValueError, match=r"the saved loader state belongs to a loader that differs from this") as err:
         fabric.load(path, {"loader": other})
     assert message in str(err.value)
     assert "or leave the loader out of the state given to fabric.load to start its epoch from the beginning" in str(
