@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 pytestmark = pytest.mark.multiprocess
+pytest.importorskip("torchdata", reason="torchdata is not installed (pip install torchfabric[resume])")
 
 SCENARIOS_2 = ["ddp0", "ddp2", "fsdp0"]  # strategy + num_workers
 SCENARIOS_1 = ["single0", "single2"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,11 @@ class _MyLoader(DataLoader):
     pass
 
 
+needs_torchdata = pytest.mark.skipif(
+    importlib.util.find_spec("torchdata") is None, reason="torchdata is not installed (pip install torchfabric[resume])"
+)
+
+
 @pytest.fixture(autouse=True)
 def _single_process_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -60,6 +66,7 @@ def _epochs(loader: Any, count: int) -> list[list[list[int]]]:
     return [[batch.tolist() for batch in loader] for _ in range(count)]
 
 
+@needs_torchdata
 def test_loader_is_rebuilt_as_a_stateful_dataloader() -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -68,6 +75,7 @@ def test_loader_is_rebuilt_as_a_stateful_dataloader() -> None:
     assert isinstance(loader.dataloader, DataLoader)
 
 
+@needs_torchdata
 def test_mid_epoch_resume_continues_with_the_next_batch_and_later_epochs(tmp_path: Path) -> None:
     reference = _epochs(_setup(_fabric()), 3)
     fabric = _fabric()
@@ -84,6 +92,7 @@ def test_mid_epoch_resume_continues_with_the_next_batch_and_later_epochs(tmp_pat
     assert _epochs(resumed, 2) == reference[1:]
 
 
+@needs_torchdata
 def test_fast_forward_reads_no_skipped_sample(tmp_path: Path) -> None:
     fabric = _fabric()
     loader = _setup(fabric)
@@ -97,6 +106,7 @@ def test_fast_forward_reads_no_skipped_sample(tmp_path: Path) -> None:
     assert len(rest) == 2 and dataset.reads == 7, "only the 7 samples of the last 2 batches were read"
 
 
+@needs_torchdata
 def test_saving_does_not_change_the_order(tmp_path: Path) -> None:
     reference = _epochs(_setup(_fabric()), 2)
     fabric = _fabric()
@@ -111,6 +121,7 @@ def test_saving_does_not_change_the_order(tmp_path: Path) -> None:
     assert [seen, *_epochs(loader, 1)] == reference
 
 
+@needs_torchdata
 def test_epoch_boundary_state_starts_the_next_epoch(tmp_path: Path) -> None:
     reference = _epochs(_setup(_fabric()), 3)
     fabric = _fabric()
@@ -122,6 +133,7 @@ def test_epoch_boundary_state_starts_the_next_epoch(tmp_path: Path) -> None:
     assert _epochs(resumed, 2) == reference[1:]
 
 
+@needs_torchdata
 def test_sequential_loader_resumes(tmp_path: Path) -> None:
     fabric = _fabric()
     loader = _setup(fabric, shuffle=False)
@@ -133,6 +145,7 @@ def test_sequential_loader_resumes(tmp_path: Path) -> None:
     assert next(iter(resumed)).tolist() == [12, 13, 14, 15]
 
 
+@needs_torchdata
 def test_weighted_sampler_is_ordered_per_epoch_in_one_process(tmp_path: Path) -> None:
     def weighted(fabric: Fabric) -> Any:
         sampler = WeightedRandomSampler([1.0] * 23, num_samples=23)
@@ -151,6 +164,7 @@ def test_weighted_sampler_is_ordered_per_epoch_in_one_process(tmp_path: Path) ->
     assert _epochs(resumed, 1) == reference[1:]
 
 
+@needs_torchdata
 def test_saving_adds_each_ranks_state_under_its_rank(tmp_path: Path) -> None:
     fabric = _fabric()
     loader = _setup(fabric)
@@ -189,6 +203,7 @@ def _saved_mid_epoch(tmp_path: Path, **kwargs: Any) -> Path:
         ({"drop_last": True}, "drop_last: saved False, now True"),
     ],
 )
+@needs_torchdata
 def test_state_of_another_loader_is_refused(tmp_path: Path, changed: dict[str, Any], message: str) -> None:
     path = _saved_mid_epoch(tmp_path)
     fabric = _fabric()
@@ -208,6 +223,7 @@ def test_plain_dataloader_in_the_saved_state_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "ckpt").exists()
 
 
+@needs_torchdata
 def test_loader_state_loaded_into_a_plain_dataloader_is_refused(tmp_path: Path) -> None:
     path = _saved_mid_epoch(tmp_path)
     state = {"loader": DataLoader(_Counting(23), batch_size=4)}
@@ -216,6 +232,7 @@ def test_loader_state_loaded_into_a_plain_dataloader_is_refused(tmp_path: Path) 
     assert isinstance(state["loader"], DataLoader), "the user's object was not replaced"
 
 
+@needs_torchdata
 def test_other_entry_loaded_into_a_loader_is_refused(tmp_path: Path) -> None:
     fabric = _fabric()
     fabric.save(tmp_path / "ckpt", {"loader": {"position": 3}})
@@ -236,6 +253,7 @@ def test_mid_epoch_state_on_another_world_size_is_refused() -> None:
         _loader_state.rank_state(saved, rank=0, world_size=1)
 
 
+@needs_torchdata
 def test_dataloader_subclass_is_kept_and_cannot_save(tmp_path: Path) -> None:
     fabric = _fabric()
     loader = fabric.setup_dataloaders(_MyLoader(_Counting(8), batch_size=2))
@@ -256,6 +274,7 @@ def test_without_torchdata_saving_names_the_install_line(tmp_path: Path, monkeyp
         loader.load_state_dict({})
 
 
+@needs_torchdata
 def test_model_optimizer_and_loader_resume_together(tmp_path: Path) -> None:
     def run(stop: int | None, path: Path, resume: bool) -> dict[str, torch.Tensor]:
         fabric = _fabric()
