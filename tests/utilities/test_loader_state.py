@@ -300,3 +300,29 @@ def test_model_optimizer_and_loader_resume_together(tmp_path: Path) -> None:
     run(4, tmp_path / "ckpt", resume=False)
     resumed = run(None, tmp_path / "ckpt", resume=True)
     assert all(torch.equal(full[key], resumed[key]) for key in full)
+
+
+def _gather_worker(rank: int, port: int, outdir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=rank)
+    try:
+        small = _loader_state._all_gather_small({"rank": rank})
+        big = _loader_state._all_gather_small({"rank": rank, "blob": bytes([rank]) * (20000 + 5000 * rank)})
+        torch.save({"small": small, "big": big}, Path(outdir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multiprocess
+def test_gathering_rank_states_takes_a_second_round_only_for_large_states(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    from fabric.environments.default import find_free_port
+
+    mp.start_processes(_gather_worker, args=(find_free_port(), str(tmp_path)), nprocs=2, start_method="fork")
+    for rank in (0, 1):
+        result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert result["small"] == [{"rank": 0}, {"rank": 1}]
+        assert [item["rank"] for item in result["big"]] == [0, 1]
+        assert [item["blob"] for item in result["big"]] == [b"\x00" * 20000, b"\x01" * 25000]
