@@ -165,6 +165,6 @@ def test_loader_state_smoke_times_the_capture_and_both_saves() -> None:
     out = result.stdout
     for case in ("1 process, num_workers=0", "1 process, num_workers=2"):
         assert f"Loader state, {case}: 20 reps" in out, out
-        target = rf"target: loader state adds < 1 ms to fabric.save \({case}\) -> capture median [\d.]+ ms"
+        target = rf"target: loader state adds < 1 ms to fabric.save \({case}\) -> capture \+ serialize median [\d.]+ ms"
         assert re.search(target, out), out
     _assert_ratio_row(out, "fabric.save with loader")
