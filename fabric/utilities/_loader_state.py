@@ -163,50 +163,43 @@ def collect(loader: _FabricDataLoader) -> dict[str, Any]:
     return entry(merged, loader.world_size)
 
 
-# Bytes each rank sends in the first round: a loader state pickles to 1-8 KB (torchdata's worker snapshots, a
-# generator's 5 KB state in one process), so one collective of a fixed size usually suffices.
-_BUCKET = 16 * 1024
-_HEADER = 8  # the payload's length, as int64
+# Bytes each rank sends in the first round: a loader state pickles to 1-3 KB on several ranks (torchdata's worker
+# snapshots included), so one collective of a fixed size usually suffices.
+_BUCKET = 8 * 1024
+_HEADER = 8  # the payload's length
 
 
 def _all_gather_small(obj: Any) -> list[Any]:
-    """Every rank's `obj`, in rank order, in one collective when it pickles to under 16 KB.
+    """Every rank's `obj`, in rank order, in one collective when it pickles to under 8 KB.
 
-    all_gather_object needs two (the sizes, then the data) and took ~1 ms on 2 gloo ranks; saving a loader
-    should add well under that to fabric.save. A larger object takes a second round at the largest size.
+    all_gather_object needs two collectives (the sizes, then the data) and took ~1-2 ms on 2 gloo ranks; saving
+    a loader should add well under that to fabric.save. A larger object takes a second round at the largest size.
     """
     import pickle
 
-    import torch
-    import torch.distributed as dist
-
     payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    device = torch.device("cpu")
-    if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())  # NCCL moves CUDA tensors only
     fits = len(payload) <= _BUCKET - _HEADER
-    gathered = _gather_bytes(payload if fits else b"", len(payload), _BUCKET, device)
-    lengths = [int(buffer[:_HEADER].view(torch.int64).item()) for buffer in gathered]
+    gathered = _gather_bytes(payload if fits else b"", len(payload), _BUCKET)
+    lengths = [int.from_bytes(data[:_HEADER], "little") for data in gathered]
     if max(lengths) > _BUCKET - _HEADER:  # every rank sees the same lengths, so all take the second round
-        gathered = _gather_bytes(payload, len(payload), max(lengths) + _HEADER, device)
-    return [
-        pickle.loads(buffer[_HEADER : _HEADER + n].numpy().tobytes())
-        for buffer, n in zip(gathered, lengths, strict=True)
-    ]
+        gathered = _gather_bytes(payload, len(payload), max(lengths) + _HEADER)
+    return [pickle.loads(data[_HEADER : _HEADER + n]) for data, n in zip(gathered, lengths, strict=True)]
 
 
-def _gather_bytes(payload: bytes, length: int, size: int, device: Any) -> list[Any]:
+def _gather_bytes(payload: bytes, length: int, size: int) -> list[bytes]:
     import torch
     import torch.distributed as dist
 
-    buffer = torch.zeros(size, dtype=torch.uint8)
-    buffer[:_HEADER] = torch.tensor([length], dtype=torch.int64).view(torch.uint8)
-    if payload:
-        buffer[_HEADER : _HEADER + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    buffer = buffer.to(device)
+    data = bytearray(size)
+    data[:_HEADER] = length.to_bytes(_HEADER, "little")
+    data[_HEADER : _HEADER + len(payload)] = payload
+    buffer = torch.frombuffer(data, dtype=torch.uint8)
+    nccl = "nccl" in str(dist.get_backend()) and torch.cuda.is_available()
+    if nccl:  # NCCL moves CUDA tensors only
+        buffer = buffer.to(torch.device("cuda", torch.cuda.current_device()))
     gathered = [torch.empty_like(buffer) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, buffer)
-    return [tensor.cpu() for tensor in gathered]
+    return [tensor.cpu().numpy().tobytes() for tensor in gathered]  # .cpu() is free for CPU tensors
 
 
 def rank_state(saved: Any, rank: int, world_size: int) -> dict[str, Any]:

@@ -33,10 +33,21 @@ TOTAL = 17  # steps: into the third epoch on 2 ranks
 
 
 class Indexed(Dataset):
-    """Sample i is (features of i, i): batches tell which samples they hold."""
+    """Sample i is (features of i, i): batches tell which samples they hold.
 
-    def __init__(self) -> None:
+    Its state names the rank that saved it: a resumed rank that gets another rank's state shows it.
+    """
+
+    def __init__(self, rank: int) -> None:
         self.x = torch.randn(SAMPLES, 6, generator=torch.Generator().manual_seed(0))
+        self.rank = rank
+        self.restored_from: int | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        return {"rank": self.rank}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.restored_from = state["rank"]
 
     def __len__(self) -> int:
         return SAMPLES
@@ -65,12 +76,13 @@ def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def train(fabric: Fabric, workers: int, phase: str, stop: int, checkpoint: str) -> dict[str, Any]:
+def train(fabric: Fabric, workers: str, phase: str, stop: int, checkpoint: str) -> dict[str, Any]:
     fabric.seed_everything(SEED)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model, optimizer = fabric.setup(model, optimizer)
-    loader = fabric.setup_dataloaders(DataLoader(Indexed(), batch_size=BATCH, shuffle=True, num_workers=workers))
+    dataset = Indexed(fabric.global_rank)
+    loader = fabric.setup_dataloaders(DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=int(workers)))
     state: dict[str, Any] = {"model": model, "optimizer": optimizer, "loader": loader, "step": 0}
     if phase in ("resume", "boundary"):
         fabric.load(checkpoint + ("_boundary" if phase == "boundary" else ""), state)
@@ -93,7 +105,9 @@ def train(fabric: Fabric, workers: int, phase: str, stop: int, checkpoint: str) 
                 return {"seen": seen, "epoch": loader._epoch}
             if step == TOTAL:
                 break
-    return {"seen": seen, "weights": full_weights(model), "epoch": loader._epoch}
+    # With workers the dataset's state is restored in the worker processes, not in this copy.
+    restored = loader.dataloader.dataset.restored_from if workers == "0" else None
+    return {"seen": seen, "weights": full_weights(model), "epoch": loader._epoch, "restored_from": restored}
 
 
 def main() -> None:
@@ -111,7 +125,7 @@ def main() -> None:
         runs = {"first": ["full", "stop"], "resize": ["boundary", "resume"]}.get(phase, [phase])
         for run in runs:
             try:
-                result = train(fabric, int(workers), run, stop, checkpoint)
+                result = train(fabric, workers, run, stop, checkpoint)
             except Exception:
                 result = {"error": traceback.format_exc()}
             torch.save(result, Path(outdir) / f"{name}_{run}_rank{fabric.global_rank}.pt")
