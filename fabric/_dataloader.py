@@ -67,6 +67,8 @@ class _FabricDataLoader:
         self._batches = 0  # batches yielded in the latest iteration (for messages; the loader keeps its own count)
         self._rank = rank
         self._world_size = world_size
+        # torch's global RNG state from a loaded state, and whether it is put back after the iterator exists.
+        self._pending_rng: tuple[torch.Tensor, bool] | None = None
         # A DataLoader forbids replacing its sampler after construction, so the lookup is done once.
         self._set_epoch = _find_set_epoch(dataloader)
 
@@ -96,7 +98,14 @@ class _FabricDataLoader:
         self._epoch += 1
         self._mid_epoch = True
         self._batches = 0
-        return self._tracked(iter(self._dataloader), self._device)
+        pending, self._pending_rng = self._pending_rng, None
+        if pending is not None and not pending[1]:
+            torch.set_rng_state(pending[0])  # a new epoch draws its order from the saved global state
+        iterator = iter(self._dataloader)
+        if pending is not None and pending[1]:
+            # After the iterator exists: creating it draws from the global RNG, which the saved run did not.
+            torch.set_rng_state(pending[0])
+        return self._tracked(iterator, self._device)
 
     def _tracked(self, iterator: Iterator[Any], device: torch.device | None) -> Iterator[Any]:
         # Counts batches and notes the end of the epoch, so that a state saved now knows where it is.
@@ -125,6 +134,8 @@ class _FabricDataLoader:
             "fingerprint": _loader_state.fingerprint(self._dataloader),
             "loader": self._dataloader.state_dict() if mid_epoch else None,  # type: ignore[attr-defined]
             "generator": None if mid_epoch else _sampler_generator_state(self._dataloader),
+            # A shuffling sampler without a generator draws every later epoch from torch's global RNG, as in PyTorch.
+            "global_rng": torch.get_rng_state() if _loader_state.draws_from_global_rng(self._dataloader) else None,
         }
         return _loader_state.entry({str(self._rank): state}, self._world_size)
 
@@ -146,6 +157,8 @@ class _FabricDataLoader:
         self._dataloader.load_state_dict(state["loader"] if state["mid_epoch"] else {})  # type: ignore[attr-defined]
         if state["generator"] is not None:
             _sampler_generator(self._dataloader).set_state(state["generator"])  # type: ignore[union-attr]
+        if state.get("global_rng") is not None:
+            self._pending_rng = (state["global_rng"], state["mid_epoch"])
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes this wrapper lacks. While unpickling, `_dataloader` is not

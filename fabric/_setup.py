@@ -42,7 +42,7 @@ def setup_dataloader(strategy: Strategy, loader: Any, use_sampler: bool, move: b
     if seed_workers and seed is not None:
         loader = add_worker_init_fn(loader, rank=strategy.global_rank)
     # Last, so that the position it keeps covers the final sampler and workers (see docs/resume.md).
-    loader = make_stateful(loader, strategy.world_size, seed or 0)
+    loader = make_stateful(loader)
     root = strategy.root_device
     device = root if move and root.type != "cpu" else None
     move_fn = move_to_device if device is not None else None

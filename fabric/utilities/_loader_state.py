@@ -28,9 +28,8 @@ if TYPE_CHECKING:
 MARKER = "fabric_loader_state"
 VERSION = 1
 INSTALL = "pip install 'torchfabric[resume]' (or pip install torchdata)"
-# Samplers that draw a new order from the global RNG (or an unsaved generator) each epoch: in one process fabric
-# orders them per epoch from the seed instead, as it does on several ranks, so that a resumed run can repeat it.
-_RANDOM_PER_ITER = (WeightedRandomSampler, SubsetRandomSampler)
+# Samplers that draw a new order from the global RNG (or their generator) when an epoch starts.
+_RANDOM_PER_ITER = (RandomSampler, WeightedRandomSampler, SubsetRandomSampler)
 
 
 def stateful_loader_class() -> type[DataLoader] | None:
@@ -42,41 +41,39 @@ def stateful_loader_class() -> type[DataLoader] | None:
     return StatefulDataLoader
 
 
-def make_stateful(loader: DataLoader, world_size: int, seed: int) -> DataLoader:
+def make_stateful(loader: DataLoader) -> DataLoader:
     """The same loader rebuilt as a StatefulDataLoader, whose position can be saved and restored.
 
     Only a plain ``DataLoader`` is rebuilt: a subclass keeps its class (the user's code may rely on it), and a
     StatefulDataLoader already is one. Without torchdata the loader is returned as is; saving it then says how
-    to install torchdata. A plain ``RandomSampler`` becomes torchdata's, whose generator (seeded once, from the
-    global RNG) is saved, so the resumed epoch and every later one shuffle as they would have.
+    to install torchdata. A sampler that draws its order when an epoch starts (``RandomSampler``,
+    ``WeightedRandomSampler``, ``SubsetRandomSampler``) is wrapped so that the order stays exactly PyTorch's and
+    a resumed epoch can draw it again (see fabric/utilities/_replay_sampler.py).
     """
     stateful = stateful_loader_class()
     if stateful is None or type(loader) is not DataLoader:
         return loader
-    from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
-
-    from fabric.utilities.data import (
-        _DATALOADER_PARAMS,
-        DistributedSamplerWrapper,
-        _RebuildContext,
-        _sampling_values,
-    )
+    from fabric.utilities._replay_sampler import _ReplaySampler
+    from fabric.utilities.data import _DATALOADER_PARAMS, _RebuildContext, _sampling_values
 
     ctx = _RebuildContext("setup_dataloaders", "as a StatefulDataLoader", "pass a DataLoader without it")
     values: dict[str, Any] = {name: getattr(loader, name) for name in _DATALOADER_PARAMS if hasattr(loader, name)}
     values.update(_sampling_values(loader, None, ctx))
     values["shuffle"] = False
-    sampler = values["sampler"]
-    if type(sampler) is RandomSampler:
-        values["sampler"] = StatefulRandomSampler(
-            sampler.data_source, sampler.replacement, sampler._num_samples, sampler.generator
-        )
-    elif type(sampler) in _RANDOM_PER_ITER and world_size == 1:
-        values["sampler"] = DistributedSamplerWrapper(sampler, num_replicas=1, rank=0, seed=seed)
+    if type(values["sampler"]) in _RANDOM_PER_ITER:
+        values["sampler"] = _ReplaySampler(values["sampler"])
     with warnings.catch_warnings():
         # torchdata 0.11 calls torch.set_vital, which torch now deprecates; nothing the user can act on.
         warnings.filterwarnings("ignore", message=".*set_vital.*")
         return stateful(**values)
+
+
+def draws_from_global_rng(loader: DataLoader) -> bool:
+    """Whether each epoch's order comes from torch's global RNG (a shuffling sampler without a generator)."""
+    from fabric.utilities._replay_sampler import _ReplaySampler
+
+    sampler = _active_sampler(loader)
+    return isinstance(sampler, _ReplaySampler) and sampler.generator is None
 
 
 def is_stateful(loader: DataLoader) -> bool:
@@ -93,7 +90,9 @@ def _order(sampler: Any) -> str:
         return _order(inner)
     if isinstance(sampler, DistributedSampler):
         return "shuffled" if sampler.shuffle else "sequential"
-    if isinstance(sampler, RandomSampler) or type(sampler).__name__ == "RandomSampler":
+    if type(sampler).__name__ == "_ReplaySampler":
+        return _order(sampler.sampler)
+    if isinstance(sampler, RandomSampler):
         return "shuffled"
     if isinstance(sampler, SequentialSampler):
         return "sequential"
@@ -229,7 +228,7 @@ def rank_state(saved: Any, rank: int, world_size: int) -> dict[str, Any]:
             "the world size."
         )
     # At a boundary every rank holds the same next epoch; the new ranks start it with their own shards.
-    return {**ranks[min(ranks, key=int)], "generator": None}
+    return {**ranks[min(ranks, key=int)], "generator": None, "global_rng": None}
 
 
 def refuse_plain_loader(op: str, key: str, value: Any) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, Dataset, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from fabric import Fabric
 from fabric.utilities import _loader_state
-from fabric.utilities.data import DistributedSamplerWrapper
+from fabric.utilities._replay_sampler import _ReplaySampler
 
 
 class _Counting(Dataset):
@@ -146,19 +146,37 @@ def test_sequential_loader_resumes(tmp_path: Path) -> None:
 
 
 @needs_torchdata
-def test_weighted_sampler_is_ordered_per_epoch_in_one_process(tmp_path: Path) -> None:
-    def weighted(fabric: Fabric) -> Any:
-        sampler = WeightedRandomSampler([1.0] * 23, num_samples=23)
-        return fabric.setup_dataloaders(DataLoader(_Counting(23), batch_size=4, sampler=sampler))
+def test_one_process_shuffles_exactly_as_plain_pytorch() -> None:
+    # The same seed gives the same batches as a plain DataLoader (and so as Lightning Fabric), every epoch.
+    torch.manual_seed(5)
+    plain = DataLoader(_Counting(23), batch_size=4, shuffle=True)
+    expected = [[batch.tolist() for batch in plain] for _ in range(3)]
+    assert _epochs(_setup(_fabric()), 3) == expected
 
-    reference = _epochs(weighted(_fabric()), 2)
+
+@needs_torchdata
+@pytest.mark.parametrize("kind", ["weighted", "subset", "generator"])
+def test_other_random_samplers_resume_and_keep_pytorchs_order(tmp_path: Path, kind: str) -> None:
+    def sampler() -> Any:
+        if kind == "weighted":
+            return WeightedRandomSampler([1.0] * 23, num_samples=23)
+        if kind == "subset":
+            return SubsetRandomSampler(list(range(23)))
+        return RandomSampler(range(23), generator=torch.Generator().manual_seed(3))
+
+    def loader(fabric: Fabric) -> Any:
+        return fabric.setup_dataloaders(DataLoader(_Counting(23), batch_size=4, sampler=sampler()))
+
+    torch.manual_seed(5)
+    plain = DataLoader(_Counting(23), batch_size=4, sampler=sampler())
+    reference = [[batch.tolist() for batch in plain] for _ in range(2)]
     fabric = _fabric()
-    loader = weighted(fabric)
-    assert isinstance(loader.dataloader.sampler, DistributedSamplerWrapper)
-    iterator = iter(loader)
+    first_run = loader(fabric)
+    assert isinstance(first_run.dataloader.sampler, _ReplaySampler)
+    iterator = iter(first_run)
     first = _take(iterator, 3)
-    fabric.save(tmp_path / "ckpt", {"loader": loader})
-    resumed = weighted(_fabric(seed=5))
+    fabric.save(tmp_path / "ckpt", {"loader": first_run})
+    resumed = loader(_fabric(seed=11))
     fabric.load(tmp_path / "ckpt", {"loader": resumed})
     assert first + [batch.tolist() for batch in resumed] == reference[0]
     assert _epochs(resumed, 1) == reference[1:]
