@@ -148,3 +148,38 @@ def deepspeed_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_deepspeed_zero2_resumes_mid_epoch_bit_for_bit(deepspeed_ranks: Path, rank: int) -> None:
     assert (deepspeed_ranks / "ckpt_deepspeed0").is_dir(), "DeepSpeed writes a checkpoint directory"
     _assert_resumed_equals_uninterrupted(deepspeed_ranks, "deepspeed0", rank, epochs=3)
+
+
+def test_the_docs_example_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
+    """docs/resume.md's example, run as the page says: stopped at step 30, then resumed, ends like one full run."""
+    import re
+    import subprocess
+    import sys
+
+    page = (Path(__file__).parents[2] / "docs" / "resume.md").read_text()
+    script = next(block for block in re.findall(r"```python\n(.*?)```", page, re.S) if "--stop-at" in block)
+    example = tmp_path / "resume_example.py"
+    example.write_text(script)
+
+    def run(folder: Path, *args: str) -> str:
+        # In its own folder: the example writes checkpoints/ under the working directory.
+        folder.mkdir(exist_ok=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(example), *args], cwd=folder, env=runner.script_env(), start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            stdout, stderr = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            runner.end_group(proc.pid)
+            pytest.fail(f"the docs example {args} did not finish within 240 s")
+        runner.end_group(proc.pid)
+        assert proc.returncode == 0, stdout + stderr
+        return stdout
+
+    full = run(tmp_path / "full")
+    assert "done: step 48" in full, full
+    run(tmp_path / "stopped", "--stop-at", "30")
+    resumed = run(tmp_path / "stopped")
+    assert "resumed at step 30, epoch 1" in resumed, resumed
+    assert full.splitlines()[-1] == resumed.splitlines()[-1], "the same final loss as the uninterrupted run"
