@@ -146,9 +146,10 @@ class _FabricDataLoader:
         if not _loader_state.is_stateful(self._dataloader):
             raise _loader_state.unsupported(self._dataloader)
         state = _loader_state.rank_state(state_dict, self._rank, self._world_size)
-        # The sampler may differ across world sizes (a RandomSampler on one process, a DistributedSampler on more).
+        # Across world sizes the sampler may differ (a RandomSampler on one process, a seeded DistributedSampler on
+        # more): both shuffle, but only one has a seed. Only an epoch boundary gets this far (see rank_state).
         changed = state_dict["world_size"] != self._world_size
-        ignore = ("order", "seed") if changed else ()
+        ignore = ("seed",) if changed else ()
         _loader_state.check_fingerprint(state["fingerprint"], _loader_state.fingerprint(self._dataloader), ignore)
         self._epoch = state["epoch"]
         self._mid_epoch = False
