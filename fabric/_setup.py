@@ -27,6 +27,7 @@ def setup_dataloader(
     from torch.utils.data import DataLoader
 
     from fabric._dataloader import _FabricDataLoader
+    from fabric.utilities._loader_state import make_stateful
     from fabric.utilities.data import add_worker_init_fn
     from fabric.utilities.seed import current_seed_config
 
@@ -48,9 +49,12 @@ def setup_dataloader(
         loader = _exact_dataloader(strategy, loader, use_sampler)
     elif use_sampler:
         loader = strategy.process_dataloader(loader)
+    # Last, so that the position it keeps covers the final sampler and workers (see docs/resume.md).
+    loader = make_stateful(loader)
     root = strategy.root_device
     device = root if move and root.type != "cpu" else None
-    return _FabricDataLoader(loader, device=device, move_fn=move_to_device if device is not None else None)
+    move_fn = move_to_device if device is not None else None
+    return _FabricDataLoader(loader, device, move_fn, rank=strategy.global_rank, world_size=strategy.world_size)
 
 
 def _exact_dataloader(strategy: Strategy, loader: DataLoader, use_sampler: bool) -> DataLoader:

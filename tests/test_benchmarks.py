@@ -178,3 +178,15 @@ def test_percentiles_of_few_samples_stay_within_the_samples() -> None:
         sys.path.pop(0)
     assert 100.0 <= p10([100.0, 200.0]) <= 200.0  # the default quantile method gave a negative time here
     assert median_iqr([100.0, 200.0]) == (150.0, 50.0)
+
+
+@pytest.mark.multiprocess
+def test_loader_state_smoke_times_the_capture_and_both_saves() -> None:
+    result = _run("loader_state.py", "--smoke")
+    assert result.returncode in (0, 1), result.stdout + result.stderr  # 1: a target missed on a loaded machine
+    out = result.stdout
+    for case in ("1 process, num_workers=0", "1 process, num_workers=2"):
+        assert f"Loader state, {case}: 20 reps" in out, out
+        target = rf"target: loader state adds < 1 ms to fabric.save \({case}\) -> capture \+ serialize median [\d.]+ ms"
+        assert re.search(target, out), out
+    _assert_ratio_row(out, "fabric.save with loader")

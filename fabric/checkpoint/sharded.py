@@ -19,6 +19,7 @@ from fabric.checkpoint import sharded_state as states
 from fabric.checkpoint.state import place_plain, unwrap
 from fabric.io import _fsspec
 from fabric.io._load import DeviceRecorder, UnsafeCheckpointError, torch_load
+from fabric.utilities._loader_state import refuse_plain_loader
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
@@ -321,6 +322,7 @@ def _restore_plain(state: dict[str, Any], values: dict[str, Any], skip: set[str]
         if key in skip or key not in values:
             continue
         target = unwrap(state[key])
+        refuse_plain_loader("load", key, target)
         if callable(getattr(target, "load_state_dict", None)):
             target.load_state_dict(values.pop(key))
         else:

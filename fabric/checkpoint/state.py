@@ -8,6 +8,9 @@ from typing import Any
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric._dataloader import _FabricDataLoader
+from fabric.utilities._loader_state import collect as collect_loader
+from fabric.utilities._loader_state import refuse_plain_loader
 from fabric.utilities.exceptions import FabricTypeError
 from fabric.wrappers import unwrap_objects
 
@@ -39,7 +42,10 @@ def convert_state(
     converted: dict[str, Any] = {}
     for key, value in state.items():
         value = unwrap(value)
-        if isinstance(value, Module):
+        refuse_plain_loader("save", key, value)
+        if isinstance(value, _FabricDataLoader):
+            value = collect_loader(value)  # every rank's position, so that each gets its own back
+        elif isinstance(value, Module):
             value = module_state(value)
         elif isinstance(value, Optimizer):
             value = optimizer_state(value)
@@ -71,6 +77,7 @@ def restore_state(state: dict[str, Any], checkpoint: dict[str, Any], strict: boo
             continue
         saved = remainder.pop(key)
         target = unwrap(state[key])
+        refuse_plain_loader("load", key, target)
         if isinstance(target, Module):
             _load_module(target, saved, strict, f"{path}[{key!r}]")
         elif isinstance(target, Optimizer) or callable(getattr(target, "load_state_dict", None)):
