@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -10,6 +9,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric.precision._delegating import _DelegatingPrecision
 from fabric.precision.precision import Precision
 from fabric.utilities.exceptions import FabricValueError
 
@@ -21,7 +21,7 @@ SUPPORTED_PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true
 _MIXED_DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 
-class FSDPPrecision(Precision):
+class FSDPPrecision(_DelegatingPrecision):
     """A precision for sharded parameters: `*-mixed` computes in 16 bits through fully_shard's MixedPrecisionPolicy
     while the shards and the gradient reduction stay float32; `*-true` and `64-true` cast the model before sharding.
 
@@ -59,30 +59,6 @@ class FSDPPrecision(Precision):
     def scaler(self) -> torch.amp.GradScaler | None:
         """The loss scaler (a ShardedGradScaler for float16 on CUDA), or None."""
         return getattr(self._policy, "scaler", None)
-
-    def convert_module(self, module: Module) -> Module:
-        """`*-true` / `64-true`: cast before sharding; `*-mixed` keeps float32 shards."""
-        return self._policy.convert_module(module)
-
-    def module_init_context(self) -> AbstractContextManager:
-        """Modules are created in the dtype of the shards."""
-        return self._policy.module_init_context()
-
-    def tensor_init_context(self) -> AbstractContextManager:
-        """Tensors are created in the dtype of the shards."""
-        return self._policy.tensor_init_context()
-
-    def forward_context(self) -> AbstractContextManager:
-        """Autocast for `*-mixed` (for code between the sharded layers), the dtype default for `*-true`."""
-        return self._policy.forward_context()
-
-    def convert_input(self, data: Any) -> Any:
-        """Float inputs in the compute dtype."""
-        return self._policy.convert_input(data)
-
-    def convert_output(self, data: Any) -> Any:
-        """Outputs in the default dtype."""
-        return self._policy.convert_output(data)
 
     @property
     def requires_fabric_backward(self) -> bool:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-from torch.nn import Module
 from torch.optim import Optimizer
 
+from fabric.precision._delegating import _DelegatingPrecision
 from fabric.precision.amp import MixedPrecision
 from fabric.precision.half import HalfPrecision
 from fabric.precision.precision import Precision
@@ -22,7 +21,7 @@ _REFUSED = {
 }
 
 
-class XLAPrecision(Precision):
+class XLAPrecision(_DelegatingPrecision):
     """`32-true`, `bf16-true`, `bf16-mixed` (autocast on the XLA device) or `16-true` on XLA devices.
 
     Every optimizer step goes through `xm.optimizer_step`: gradients are averaged across processes (the XLA
@@ -48,30 +47,6 @@ class XLAPrecision(Precision):
     def dtype(self) -> torch.dtype:
         """The dtype parameters are held in (float32 under autocast)."""
         return {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(self.precision, torch.float32)
-
-    def convert_module(self, module: Module) -> Module:
-        """Cast the parameters for the `-true` policies."""
-        return self._policy.convert_module(module)
-
-    def tensor_init_context(self) -> AbstractContextManager:
-        """New tensors take the policy's default dtype."""
-        return self._policy.tensor_init_context()
-
-    def module_init_context(self) -> AbstractContextManager:
-        """New modules take the policy's default dtype."""
-        return self._policy.module_init_context()
-
-    def forward_context(self) -> AbstractContextManager:
-        """Autocast on the XLA device for `bf16-mixed`; the default dtype for the `-true` policies."""
-        return self._policy.forward_context()
-
-    def convert_input(self, data: Any) -> Any:
-        """Floating inputs in the compute dtype."""
-        return self._policy.convert_input(data)
-
-    def convert_output(self, data: Any) -> Any:
-        """Floating outputs back in the default dtype."""
-        return self._policy.convert_output(data)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """Average gradients across processes, step, and execute the pending graph (one `mark_step` per step)."""
