@@ -66,6 +66,34 @@ def run_json(
     return json.loads(lines[-1][len(MARKER) :]), wall
 
 
+def run_two_ranks(args: Sequence[str], env: dict[str, str], timeout: float) -> dict:
+    """Run `python *args` as ranks 0 and 1 of a 2-process job, started as torchrun would start them (RANK and
+    friends, a free port); return rank 0's JSON line. Rank 1's output is discarded."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    job |= {"GROUP_RANK": "0", "OMP_NUM_THREADS": "1", **env}
+    other = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=HERE,
+        env={**os.environ, **job, "RANK": "1", "LOCAL_RANK": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        data, _ = run_json(sys.executable, args, env={**job, "RANK": "0", "LOCAL_RANK": "0"}, timeout=timeout)
+    finally:
+        try:
+            other.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            other.kill()
+            other.wait()
+    return data
+
+
 def peer_python(arg: str | None) -> str | None:
     """The interpreter that has the peers installed: --peer-python, else $FABRIC_BENCH_PEER_PYTHON, else None."""
     return arg or os.environ.get(PEER_ENV) or None

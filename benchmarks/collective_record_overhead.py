@@ -15,15 +15,12 @@ Run:  python benchmarks/collective_record_overhead.py [--rounds 5]
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import HERE, Row, emit, print_table, run_json
+from _common import HERE, Row, emit, print_table, run_two_ranks
 
 WORLD_SIZE = 2
 TARGET_US = 50.0  # the project's target for the calling-thread cost of recording one collective
@@ -101,24 +98,8 @@ def _calling_thread_cost(track: Any, tensor: Any, batches: int) -> dict[str, lis
 
 def launch(size: str, debug: bool) -> dict:
     """Start both ranks as torchrun would; return rank 0's JSON."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD_SIZE)}
-    env |= {"LOCAL_WORLD_SIZE": str(WORLD_SIZE), "OMP_NUM_THREADS": "1", "FABRIC_DEBUG_COLLECTIVES": str(int(debug))}
-    argv = [sys.executable, str(HERE / "collective_record_overhead.py"), "--worker", size]
-    other = subprocess.Popen(
-        argv, cwd=HERE, env={**os.environ, **env, "RANK": "1", "LOCAL_RANK": "1"}, stdout=subprocess.DEVNULL
-    )
-    try:
-        data, _ = run_json(sys.executable, argv[1:], env={**env, "RANK": "0", "LOCAL_RANK": "0"}, timeout=600)
-    finally:
-        try:
-            other.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            other.kill()
-            other.wait()
-    return data
+    args = [str(HERE / "collective_record_overhead.py"), "--worker", size]
+    return run_two_ranks(args, {"FABRIC_DEBUG_COLLECTIVES": str(int(debug))}, timeout=600)
 
 
 def main() -> int:

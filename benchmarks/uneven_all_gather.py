@@ -16,13 +16,10 @@ Run:  python benchmarks/uneven_all_gather.py [--rounds 5] [--smoke]
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
 import sys
 import time
 
-from _common import HERE, Row, check_target, emit, machine_line, print_table, probe, run_json
+from _common import HERE, Row, check_target, emit, machine_line, print_table, probe, run_two_ranks
 
 WORLD_SIZE = 2
 ROWS, WIDTH, SHORT_ROWS = 1024, 256, 1000
@@ -74,28 +71,7 @@ def worker(calls: int, scale: int) -> None:
 
 def launch(calls: int, scale: int) -> dict:
     """Start both ranks as torchrun would; return rank 0's JSON."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD_SIZE)}
-    env |= {"LOCAL_WORLD_SIZE": str(WORLD_SIZE), "GROUP_RANK": "0", "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, str(HERE / "uneven_all_gather.py"), "--worker", str(calls), str(scale)]
-    other = subprocess.Popen(
-        argv,
-        cwd=HERE,
-        env={**os.environ, **env, "RANK": "1", "LOCAL_RANK": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        data, _ = run_json(sys.executable, argv[1:], env={**env, "RANK": "0", "LOCAL_RANK": "0"}, timeout=300)
-    finally:
-        try:
-            other.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            other.kill()
-            other.wait()
-    return data
+    return run_two_ranks([str(HERE / "uneven_all_gather.py"), "--worker", str(calls), str(scale)], {}, timeout=300)
 
 
 def main() -> int:
