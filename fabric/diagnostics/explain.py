@@ -106,12 +106,12 @@ def read_peers(recorder: CollectiveRecorder) -> dict[int, PeerRecord | None] | s
 
 
 def _any_ended(peers: dict[int, PeerRecord | None]) -> bool:
-    return any(record is not None and _liveness(record) is not None for record in peers.values())
+    return any(record is not None and liveness(record) is not None for record in peers.values())
 
 
 def _waits_here(record: PeerRecord, collective: Collective) -> bool:
     last = record.last
-    alive = record.state == "running" and _liveness(record) is None
+    alive = record.state == "running" and liveness(record) is None
     return alive and last is not None and last.seq == collective.seq and last.op == collective.op and record.inside
 
 
@@ -130,7 +130,7 @@ def _describe(rank: int, record: PeerRecord | None, collective: Collective) -> s
             f"rank {rank} is at {last.describe()} instead, so the ranks' collectives diverged "
             "(FABRIC_DEBUG_COLLECTIVES=1 stops at the first difference)"
         )
-    return f"{where} and {_liveness(record) or _running(record, last, collective)}"
+    return f"{where} and {liveness(record) or _running(record, last, collective)}"
 
 
 def _running(record: PeerRecord, last: Collective | None, collective: Collective) -> str:
@@ -139,8 +139,9 @@ def _running(record: PeerRecord, last: Collective | None, collective: Collective
     return "it is still running"
 
 
-def _liveness(record: PeerRecord) -> str | None:
-    """Why the rank is not running any more, or None if it still seems to be."""
+def liveness(record: PeerRecord, stale_seconds: float = STALE_SECONDS) -> str | None:
+    """Why the rank is not running any more, or None if it still seems to be (no heartbeat for `stale_seconds`
+    counts as not running)."""
     if record.state == "failed":
         return f"it exited with an error ({record.error})"
     if record.state == "exited":
@@ -151,7 +152,7 @@ def _liveness(record: PeerRecord) -> str | None:
             "killed (e.g. SIGKILL, the out-of-memory killer) or crashed"
         )
     age = time.time() - record.heartbeat
-    if age > STALE_SECONDS:
+    if age > stale_seconds:
         return f"it has given no sign of life for {age:.0f} s (killed, crashed or frozen)"
     return None
 

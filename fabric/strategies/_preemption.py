@@ -10,8 +10,11 @@ an increment per check; the store is only polled by the background thread.
 
 A rank that fails with an exception leaves an abort mark in the store first. Where no launcher or agent ends the
 other ranks (srun, mpirun, ...), the background thread of each of them ends its process when it sees the mark,
-even while the main thread is stuck in the user's own code. Where one does (fabric's launchers, torchrun), the
-signal it sends is not taken for a preemption once the mark is there.
+even while the main thread is stuck in the user's own code. A rank killed outright (SIGKILL, the OOM killer) leaves
+no mark: there each rank also watches the next one's hang-diagnosis record (fabric/diagnostics), and leaves the mark
+for it when that process is gone (same host) or silent for longer than the collective timeout. Where a launcher or
+an agent ends the other ranks (fabric's launchers, torchrun), the signal it sends is not taken for a preemption
+once the mark is there.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 from fabric.utilities import _signals
+from fabric.utilities import distributed as _dist
 
 _POLL_SECONDS = 0.2
 # Every rank polls the one rendezvous store: keep the whole job under about this many requests per second.
@@ -35,6 +39,8 @@ _STORE_REQUESTS_PER_SECOND = 500
 _REQUEST_KEY = "fabric/preempt/request"
 _COUNT_KEY = "fabric/preempt/checks/{rank}"
 _ABORT_KEY = "fabric/abort"
+_KILLED = "killed"
+_NEIGHBOUR_SECONDS = 1.0  # how often each rank reads its neighbour's record, where it must end itself
 
 
 class Preemption:
@@ -54,6 +60,7 @@ class Preemption:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._exit_on_abort = False
+        self._records: Any = None
         self._poll_seconds = _POLL_SECONDS
 
     # -- setup ------------------------------------------------------------------------------------
@@ -76,6 +83,8 @@ class Preemption:
             return
         self._store, self._rank, self._world_size, self._timeout = store, rank, world_size, timeout
         self._exit_on_abort = exit_on_abort
+        # The hang-diagnosis records live in the default group's store, which torch prefixes; None: not readable.
+        self._records = _dist.default_store() if exit_on_abort else None
         self._poll_seconds = max(_POLL_SECONDS, world_size / _STORE_REQUESTS_PER_SECOND)
         _chain_excepthook(weakref.ref(self))
         self._stop.clear()
@@ -162,8 +171,12 @@ class Preemption:
     def _watch(self) -> None:
         """Background: announce this rank's signal, and learn of any rank's, through the store."""
         announced = False
+        next_look = time.monotonic()
         try:
             while not self._stop.is_set():
+                if self._exit_on_abort and time.monotonic() >= next_look:
+                    next_look = time.monotonic() + _NEIGHBOUR_SECONDS
+                    self._mark_if_neighbour_died()
                 if self._exit_on_abort and self._store.check([_ABORT_KEY]):
                     self._abort()
                 if self._signalled.is_set() and not announced:
@@ -179,11 +192,28 @@ class Preemption:
         except Exception:  # the store went away (a rank exited): nothing left to share through
             return
 
+    def _mark_if_neighbour_died(self) -> None:
+        """Leave the abort mark for the next rank if it ended without one (one store read per rank and second)."""
+        from fabric.diagnostics.explain import liveness
+        from fabric.diagnostics.record import PeerRecord, record_key
+
+        neighbour = (self._rank + 1) % self._world_size
+        key = record_key(neighbour)
+        if self._records is None or not self._records.check([key]):
+            return
+        record = PeerRecord.decode(neighbour, self._records.get(key))
+        # Slower than the collective timeout: a rank that is merely busy would have failed its peers by then anyway.
+        why = liveness(record, stale_seconds=max(self._timeout.total_seconds(), 5.0))
+        if why is not None and record.state != "exited":  # a clean exit is no failure; its peers time out instead
+            self._store.compare_set(_ABORT_KEY, "", f"{neighbour} {_KILLED}")
+
     def _abort(self) -> None:
-        failed = self._store.get(_ABORT_KEY).decode()
+        failed, _, how = self._store.get(_ABORT_KEY).decode().partition(" ")
+        what = (
+            "was killed or crashed (it recorded no exit)" if how == _KILLED else "failed (its error is in its output)"
+        )
         print(
-            f"[fabric] Global rank {failed} failed (its error is in its output), so global rank {self._rank} ends "
-            "too instead of waiting for it.",
+            f"[fabric] Global rank {failed} {what}, so global rank {self._rank} ends too instead of waiting for it.",
             file=sys.stderr,
             flush=True,
         )

@@ -163,6 +163,26 @@ def test_a_hung_rank_ends_with_the_job(job: Any, launcher: str) -> None:
         ), started.output
 
 
+@pytest.mark.parametrize("launcher", ["srun", "ddp", "spawn", "fabric_run", "torchrun"])
+def test_a_rank_killed_outright_ends_the_job_while_the_other_is_in_its_own_code(job: Any, launcher: str) -> None:
+    # SIGKILL leaves no abort mark and rank 0 is in no collective: under srun only rank 0's watch of rank 1's
+    # hang-diagnosis record ends it; elsewhere the launcher or agent sees its child die.
+    started = job(launcher, "sleep")
+    started.wait_for("pid")
+    time.sleep(1.5)  # rank 1 publishes its first heartbeat records
+    os.kill(started.pids()[1], signal.SIGKILL)
+    killed_at = time.time()
+    codes = started.finish(BOUND_SECONDS + 15)
+    assert time.time() - killed_at < BOUND_SECONDS, started.output
+    assert any(code != 0 for code in codes), started.output
+    started.assert_no_process_left()
+    assert not list(started.outdir.glob("*.unexpected.json"))
+    if launcher == "srun":
+        assert "[fabric] Global rank 1 was killed or crashed (it recorded no exit), so global rank 0 ends too" in (
+            started.stderr
+        ), started.output
+
+
 def test_fabric_run_names_the_rank_that_failed_first(job: Any) -> None:
     # Rank 0 fails too (its all_reduce loses its peer) within the same second; torchrun's own report named it.
     started = job("fabric_run", "raise1")

@@ -6,6 +6,7 @@ Usage: python ends_job.py OUTDIR START SCENARIO [STEPS]
   SCENARIO  train   small all_reduces for up to RUN_SECONDS, until a signal from the test ends the job
             hang0   rank 0 sleeps in its own code; rank 1's all_reduce times out after TIMEOUT
             raise1  rank 1 raises while rank 0 waits in an all_reduce
+            sleep   both ranks sleep in their own code for RUN_SECONDS (the test kills one with SIGKILL)
             preempt train STEPS steps with a checkpoint; on fabric.preempted save and exit 0; a rerun resumes
 Every rank writes OUTDIR/rank{N}.pid.json once the process group is up.
 """
@@ -61,6 +62,10 @@ def train(fabric: Fabric, outdir: Path, scenario: str, steps: int) -> None:
             raise RuntimeError(FAILURE)
         fabric.all_reduce(torch.ones(1))
         write_json(outdir / f"rank{rank}.unexpected.json", {"passed_collective": True})
+        return
+    if scenario == "sleep":
+        time.sleep(RUN_SECONDS)
+        write_json(outdir / f"rank{rank}.unexpected.json", {"slept_to_the_end": True})
         return
     if scenario == "train":
         deadline = time.monotonic() + RUN_SECONDS
