@@ -31,6 +31,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         cpu = [["launch_startup.py", "--smoke"], ["checkpoint.py", "--smoke"], ["checkpoint_async.py", "--smoke"]]
         cpu.append(["uneven_all_gather.py", "--smoke"])
         cpu.append(["collective_record_overhead.py", "--smoke"])
+        cpu.append(["loader_state.py", "--smoke"])
         gpu = [
             ["cuda_precision.py", "--device", "cpu", "--smoke"],
             ["gpu_memory_and_speed.py", "--device", "cpu", "--smoke"],
@@ -47,6 +48,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         ["checkpoint_async.py", *rounds, *peer],
         ["uneven_all_gather.py", *rounds, *peer],
         ["collective_record_overhead.py", *rounds, *peer],
+        ["loader_state.py", *peer],  # repetitions, not rounds: --reps (default 200)
     ]
     if args.cuda:
         scripts.append(["cuda_precision.py", "--rounds", str(max(1, args.rounds // 2 + 1)), *peer])

@@ -141,7 +141,12 @@ class CollectiveRecorder:
 
     def finish(self) -> None:
         """Publish that this rank ended (with the error that ended it, if any) and stop publishing. Idempotent."""
-        if self._stop.is_set() or os.getpid() != self._pid:  # already finished, or a forked child
+        if os.getpid() != self._pid:  # a forked child: the thread and the record are its parent's
+            return
+        if self._stop.is_set():  # finished already, or the publisher stopped on its own (its group was destroyed)
+            # It may still be freeing the store there; a daemon thread inside C++ code when the interpreter
+            # finalises aborts the process ("terminate called without an active exception").
+            self._thread.join(timeout=HEARTBEAT_SECONDS)
             return
         self._stop.set()
         error = getattr(sys, "last_value", None)  # set for an uncaught exception before atexit hooks run
