@@ -40,9 +40,12 @@ def batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator)
 
 
-def ddp_run(rank: int) -> dict[str, Any]:
-    """The reference: torch's DDP, float32, the same initial weights, batches and optimizer."""
-    model = nn.parallel.DistributedDataParallel(make_model())
+def ddp_run(rank: int, initial: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """The reference: torch DDP in float32 from the same initial weights (make_model's, or `initial`) and batches."""
+    reference = make_model()
+    if initial is not None:
+        reference.load_state_dict(initial)
+    model = nn.parallel.DistributedDataParallel(reference)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
     for _ in range(STEPS):
@@ -65,6 +68,7 @@ def ds_run(stage: int, precision: str, rank: int, outdir: Path, as_plugin: bool 
     with fabric.init_module():
         model = make_model()
     partitioned = all(hasattr(p, "ds_id") for p in model.parameters())
+    initial = initial_weights(model, partitioned)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     model, optimizer = fabric.setup(model, optimizer)
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
@@ -82,7 +86,17 @@ def ds_run(stage: int, precision: str, rank: int, outdir: Path, as_plugin: bool 
 
     weights = {k: v.float() for k, v in consolidate_deepspeed(path)["model"].items()}
     fabric.strategy.teardown()
-    return {"losses": losses, "weights": weights, "partitioned": partitioned, "dtypes": dtypes}
+    reference = ddp_run(rank, initial)
+    return {"losses": losses, "weights": weights, "partitioned": partitioned, "dtypes": dtypes, "reference": reference}
+
+
+def initial_weights(model: nn.Module, partitioned: bool) -> dict[str, torch.Tensor]:
+    """The weights init_module drew, in float32. In 16 bits they are not make_model()'s float32 draws rounded: how
+    many random numbers uniform_ takes per element in bfloat16 differs between torch releases (2.9 and 2.13)."""
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), enabled=partitioned):
+        return {name: value.detach().float().clone() for name, value in model.state_dict().items()}
 
 
 def guarded(fn: Any, *args: Any) -> dict[str, Any]:
