@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # Launcher-private channel, not a cluster variable: where a rank records that it failed, and when.
 FAILURE_DIR_ENV = "FABRIC_LAUNCHER_FAILURE_DIR"
@@ -31,15 +31,29 @@ def die_with_parent(parent_pid: int | None = None) -> None:
         os._exit(1)
 
 
-def read_failures(directory: str | None) -> dict[int, float]:
-    """Local rank -> time of failure, from the records the ranks wrote."""
+class FailureRecord(NamedTuple):
+    """What a failing rank wrote about itself: when it failed, its global rank and its pid."""
+
+    time: float
+    global_rank: int
+    pid: int
+
+
+def read_failure_records(directory: str | None) -> dict[int, FailureRecord]:
+    """Local rank -> its failure record, from the records the ranks wrote."""
     if directory is None:
         return {}
     records = {}
     for path in Path(directory).glob("rank*.failed"):
-        with contextlib.suppress(OSError, ValueError):
-            records[int(path.stem[4:])] = float(path.read_text())
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            moment, global_rank, pid = path.read_text().split()
+            records[int(path.stem[4:])] = FailureRecord(float(moment), int(global_rank), int(pid))
     return records
+
+
+def read_failures(directory: str | None) -> dict[int, float]:
+    """Local rank -> time of failure, from the records the ranks wrote."""
+    return {rank: record.time for rank, record in read_failure_records(directory).items()}
 
 
 def report_failures_to_parent(local_rank: int, global_rank: int) -> None:
@@ -58,7 +72,7 @@ def report_failures_to_parent(local_rank: int, global_rank: int) -> None:
         with contextlib.suppress(OSError):
             record = Path(directory) / f"rank{local_rank}.failed"
             tmp = record.with_suffix(".tmp")
-            tmp.write_text(repr(time.time()))
+            tmp.write_text(f"{time.time()!r} {global_rank} {os.getpid()}")
             tmp.replace(record)  # the launcher never reads a half-written time
         print(f"[fabric] Global rank {global_rank} failed:", file=sys.stderr, flush=True)
         previous(*exc_info)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fabric.strategies.launchers._process import FAILURE_DIR_ENV, read_failures
+from fabric.strategies.launchers._process import FAILURE_DIR_ENV, FailureRecord, read_failure_records
 from fabric.strategies.launchers._run_worker import PARENT_PID_ENV
 from fabric.utilities import _signals
 
@@ -39,7 +39,7 @@ def run_agent(torchrun_argv: list[str]) -> int:
             run(parse_args(torchrun_argv))
     except ChildFailedError as err:
         # Not torchrun's report: its "root cause" is whichever failure it noticed first, often the wrong rank.
-        print(f"fabric run: a process failed.\n{_first_failure(err.failures, read_failures(failure_dir))}",
+        print(f"fabric run: a process failed.\n{_first_failure(err.failures, read_failure_records(failure_dir))}",
               file=sys.stderr)  # fmt: skip
         return 1
     except SignalException as err:
@@ -58,19 +58,34 @@ def worker_command(script: str, script_args: list[str]) -> list[str]:
     return ["--module", WORKER_MODULE, script, *script_args]
 
 
-def _first_failure(failures: dict[int, Any], records: dict[int, float]) -> str:
-    """One line naming the rank that failed first: by the ranks' own records, else a rank killed by a signal."""
-    recorded = [(records[f.local_rank], rank) for rank, f in failures.items() if f.local_rank in records]
+def _first_failure(failures: dict[int, Any], records: dict[int, FailureRecord]) -> str:
+    """One line naming the rank that failed first: by the ranks' own records, else a rank killed by a signal.
+
+    `failures`: torchrun's, by global rank. A rank that failed first can be missing there: when a peer that failed
+    after it exited sooner, torchrun stopped it (SIGTERM) while it was still exiting. Its record still counts.
+    """
     killed = sorted(rank for rank, f in failures.items() if f.exitcode < 0)
-    rank = min(recorded)[1] if recorded else (killed[0] if killed else min(failures))
-    failure = failures[rank]
-    if failure.exitcode < 0:
+    if records:
+        first = min(records.values())
+        rank, pid = first.global_rank, first.pid
+    else:
+        rank = killed[0] if killed else min(failures)
+        pid = failures[rank].pid
+    failure = failures.get(rank)
+    if failure is None or _stopped_by_torchrun(failure, records):
+        how = "raised an exception"
+    elif failure.exitcode < 0:
         how = f"was killed by {signal.Signals(-failure.exitcode).name}"
     else:
         how = f"exited with code {failure.exitcode}"
-    others = sorted(set(failures) - {rank})
+    others = sorted((set(failures) | {r.global_rank for r in records.values()}) - {rank})
     after = f" Rank(s) {', '.join(map(str, others))} failed after it." if others else ""
-    return f"fabric run: global rank {rank} failed first: it {how} (pid {failure.pid}); its error is above.{after}"
+    return f"fabric run: global rank {rank} failed first: it {how} (pid {pid}); its error is above.{after}"
+
+
+def _stopped_by_torchrun(failure: Any, records: dict[int, FailureRecord]) -> bool:
+    """A rank that recorded an exception but was then stopped by torchrun's signal (its exit code says SIGTERM)."""
+    return failure.exitcode == -signal.SIGTERM and failure.local_rank in records
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
@@ -120,7 +120,7 @@ def all_reduce(tensor: Tensor, reduce_op: Any, device: torch.device, world_size:
     value = tensor.to(device)
     if op == "mean" and not torch.is_floating_point(value):
         value = value.float()
-    result = xm.all_reduce(_XLA_REDUCE[op], value)
+    result = cast(Tensor, xm.all_reduce(_XLA_REDUCE[op], value))
     if op == "mean":
         result = result / world_size
     return result.to(original)

@@ -23,7 +23,9 @@ def save_planner() -> Any:
     from torch_xla.experimental.distributed_checkpoint import SPMDSavePlanner
 
     class _SavePlanner(SPMDSavePlanner):
-        def set_up_planner(self, state_dict: Any, storage_meta: Any = None, is_coordinator: bool = False) -> None:
+        def set_up_planner(self, state_dict: Any, *args: Any, **kwargs: Any) -> None:
+            # torch's DCP passes (state_dict, storage_meta, is_coordinator); torch_xla's planner takes no storage_meta.
+            is_coordinator = bool(kwargs.get("is_coordinator", args[-1] if args else False))
             flat, mappings = flatten_state_dict(state_dict)
             super().set_up_planner(flat, is_coordinator)
             # The metadata's planner_data says which nested entry each flat key came from, as torch records it.
@@ -38,7 +40,7 @@ def save_planner() -> Any:
             items = [
                 item
                 for item in plan.items
-                if item.index.fqn not in copies or copies[item.index.fqn][item.index.index] == 0
+                if item.index.fqn not in copies or copies[item.index.fqn][item.index.index or 0] == 0
             ]
             return dataclasses.replace(plan, items=items)
 

@@ -4,7 +4,7 @@ batch axes, so each device reads its slice of the batch."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
@@ -22,7 +22,7 @@ def shard_batch(batch: Any, mesh: Mesh, device: torch.device) -> Any:
     import torch_xla.core.xla_model as xm
     import torch_xla.distributed.spmd as xs
 
-    names = tuple(mesh.axis_names)
+    names = tuple(mesh.axis_names or ())
 
     def place(tensor: Tensor) -> Tensor:
         spec = batch_spec(names, tensor.dim())
@@ -30,7 +30,8 @@ def shard_batch(batch: Any, mesh: Mesh, device: torch.device) -> Any:
         # tensor over a mesh of several axes (IndexError), so such tensors (labels, mostly) are moved whole and
         # then annotated: XLA splits them when the step's program runs.
         if spec is not None and tensor.device.type == "cpu" and (tensor.dim() > 1 or len(names) == 1):
-            return xm.send_cpu_data_to_device([tensor], device, xs.ShardingSpec(mesh, spec))[0]
+            placed = xm.send_cpu_data_to_device([tensor], device, xs.ShardingSpec(mesh, spec))
+            return cast(list[Tensor], placed)[0]
         moved = tensor.to(device)
         if spec is not None:
             xs.mark_sharding(moved, mesh, spec)

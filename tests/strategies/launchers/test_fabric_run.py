@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
+from fabric.strategies.launchers._process import FailureRecord, read_failure_records
 from fabric.strategies.launchers.fabric_run import _first_failure, worker_command
 
 
@@ -13,11 +15,27 @@ def _failure(local_rank: int, exitcode: int, pid: int) -> SimpleNamespace:
 
 def test_the_ranks_records_decide_not_the_lowest_rank() -> None:
     failures = {0: _failure(0, 1, 100), 1: _failure(1, 1, 101)}
-    line = _first_failure(failures, {0: 12.5, 1: 12.25})
+    line = _first_failure(failures, {0: FailureRecord(12.5, 0, 100), 1: FailureRecord(12.25, 1, 101)})
     assert line == (
         "fabric run: global rank 1 failed first: it exited with code 1 (pid 101); its error is above. "
         "Rank(s) 0 failed after it."
     )
+
+
+def test_a_rank_that_failed_first_but_was_stopped_while_exiting_is_still_named() -> None:
+    # Rank 0 failed after rank 1 but exited sooner; torchrun then stopped rank 1 and reported only rank 0.
+    records = {0: FailureRecord(12.5, 0, 100), 1: FailureRecord(12.25, 1, 101)}
+    for failures in ({0: _failure(0, 1, 100)}, {0: _failure(0, 1, 100), 1: _failure(1, -15, 101)}):
+        assert _first_failure(failures, records) == (
+            "fabric run: global rank 1 failed first: it raised an exception (pid 101); its error is above. "
+            "Rank(s) 0 failed after it."
+        )
+
+
+def test_records_carry_the_global_rank_and_pid(tmp_path: Path) -> None:
+    (tmp_path / "rank1.failed").write_text("12.25 5 4242")
+    (tmp_path / "rank2.failed").write_text("half-writ")  # never read as a record
+    assert read_failure_records(str(tmp_path)) == {1: FailureRecord(12.25, 5, 4242)}
 
 
 def test_a_rank_killed_by_a_signal_is_named_when_no_rank_recorded_an_error() -> None:
