@@ -225,3 +225,47 @@ def contenders(baseline: str, peer_arg: str | None) -> list[tuple[str, str, str,
         rows.append((baseline + suffix, interp, "raw", baseline + suffix))
         rows += [(f"{fw}{suffix}", interp, fw, baseline + suffix) for fw, py in frameworks.items() if py == interp]
     return rows
+
+
+# The issue-21 reporting rule: at least this many interleaved rounds (alternating order), medians, and the p25-p75
+# band of the per-round ratio, so a reader can tell a difference from the noise.
+MIN_ROUNDS = 9
+
+
+def round_order(names: Sequence[str], round_index: int) -> list[str]:
+    """Contenders in the order round `round_index` runs them: rotated each round, reversed every other round."""
+    names = list(names)
+    shift = round_index % len(names)
+    order = names[shift:] + names[:shift]
+    return order[::-1] if round_index % 2 else order
+
+
+def ratio_band(samples: Sequence[float], baseline: Sequence[float]) -> tuple[float, float, float]:
+    """Median, p25 and p75 of the per-round ratios samples[i] / baseline[i] (the rounds are paired)."""
+    ratios = [s / b for s, b in zip(samples, baseline, strict=True) if b > 0]
+    if len(ratios) < 2:
+        return (ratios[0], ratios[0], ratios[0]) if ratios else (float("nan"),) * 3
+    q1, q2, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q2, q1, q3
+
+
+def print_ratio(label: str, samples: Sequence[float], baseline: Sequence[float], target: float | None = None) -> bool:
+    """One line: `label: 1.012x (p25-p75 0.998-1.024x, n=9)`, with a verdict when `target` is given.
+
+    A band that straddles 1.0 means the difference is inside the noise of this machine at this load.
+    """
+    med, low, high = ratio_band(samples, baseline)
+    noise = " (inside the noise)" if low <= 1.0 <= high else ""
+    line = f"ratio {label}: {med:.3f}x (p25-p75 {low:.3f}-{high:.3f}x, n={len(samples)}){noise}"
+    ok = True
+    if target is not None:
+        ok = med <= target
+        line += f" target <= {target:.2f}x: {'PASS' if ok else 'FAIL'}"
+    print(line)
+    return ok
+
+
+def load_line() -> str:
+    """`load avg 0.42 at start`, for the top of a report."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"load avg {load:.2f} at start"
