@@ -20,6 +20,10 @@ _ROW = re.compile(rf"^(?P<label>.+?)\s+{_NUMBER}\s+{_NUMBER}\s+{_NUMBER}\s+(?P<n
 _RATIO = re.compile(r"([\d.]+)x \([+-][\d.]+%\)")
 _LOAD = re.compile(r"^machine: .*load avg ([\d.]+)")
 _PEER = " (peer)"
+# A line printed by _common.print_ratio: the median of the per-round ratios and their p25-p75 band.
+_RATIO_LINE = re.compile(
+    r"^ratio (?P<label>.+?): (?P<med>[\d.]+)x \(p25-p75 (?P<low>[\d.]+)-(?P<high>[\d.]+)x, n=(?P<n>\d+)\)"
+)
 _COLOURS = {"fabric": "#1f77b4", "lightning": "#7b3fa0", "accelerate": "#e07b00", "raw": "#7f7f7f"}
 
 
@@ -46,6 +50,8 @@ class Table:
     rows: list[Row] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     load: str = ""  # the 1-minute load average when the script started, from its machine: line
+    # Per-round ratio lines (print_ratio) of the script, drawn as their own panel: (label, median, p25, p75).
+    ratios: list[tuple[str, float, float, float]] = field(default_factory=list)
 
 
 def parse_tables(text: str) -> list[Table]:
@@ -53,9 +59,18 @@ def parse_tables(text: str) -> list[Table]:
     tables: list[Table] = []
     script, skipped, previous, load = "", [], "", ""
     current: Table | None = None
+    ratio_panel: Table | None = None
     for line in text.splitlines():
         if match := _SCRIPT_HEADER.match(line):
-            script, skipped, current = match.group(1), [], None
+            script, skipped, current, ratio_panel = match.group(1), [], None, None
+        elif match := _RATIO_LINE.match(line):
+            if ratio_panel is None:
+                ratio_panel = Table(script, "per-round ratios, p25-p75 band", "x", skipped=skipped, load=load)
+                tables.append(ratio_panel)
+            ratio_panel.ratios.append(
+                (match.group("label"), *(float(match.group(k)) for k in ("med", "low", "high")))  # type: ignore[arg-type]
+            )
+            current = None
         elif match := _LOAD.match(line):
             load = match.group(1)
         elif line.startswith("skipped: "):
@@ -70,7 +85,7 @@ def parse_tables(text: str) -> list[Table]:
             else:
                 current.rows.append(row)
         previous = line
-    return [table for table in tables if table.rows]
+    return [table for table in tables if table.rows or table.ratios]
 
 
 def _parse_row(line: str) -> Row | None:
@@ -112,7 +127,13 @@ def _baseline_of(row: Row, rows: list[Row]) -> Row | None:
 
 
 def chart_points(table: Table) -> tuple[list[Point], tuple[float, float] | None]:
-    """The contenders' points, plus raw PyTorch's noise band (its quartiles over its median), if measurable."""
+    """The contenders' points, plus raw PyTorch's noise band (its quartiles over its median), if measurable.
+
+    A table of per-round ratios has no separate band: each point's bar is the p25-p75 of its paired ratios, and a
+    bar that crosses 1.0 means that difference is inside the noise (drawn hollow).
+    """
+    if table.ratios:
+        return [Point(label, med, low, high, None, _colour(label)) for label, med, low, high in table.ratios], None
     points: list[Point] = []
     for row in table.rows:
         base = _baseline_of(row, table.rows) if row.median_ratio is not None else None
@@ -179,9 +200,10 @@ def _draw_panel(ax: Any, table: Table) -> None:
         ax.axvspan(*band, color="#dddddd")
     ax.axvline(1.0, color="black", linewidth=0.8)
     for y, point in zip(positions, points, strict=True):
+        noise = bool(table.ratios) and point.low <= 1.0 <= point.high
         ax.errorbar(
             point.ratio, y, xerr=[[point.ratio - point.low], [point.high - point.ratio]], fmt="o",
-            color=point.colour, capsize=3,
+            color=point.colour, capsize=3, markerfacecolor="white" if noise else point.colour,
         )  # fmt: skip
         if point.p10_ratio is not None:
             ax.plot(point.p10_ratio, y, marker="|", markersize=12, color=point.colour)
@@ -189,7 +211,10 @@ def _draw_panel(ax: Any, table: Table) -> None:
     _set_x_range(ax, points, band)
     load = f" (load avg {table.load} at start)" if table.load else ""
     ax.set_title(_wrap(f"{table.script}{load}: {table.title}", 80), fontsize=9)
-    ax.set_xlabel("ratio to raw PyTorch (dot: median, bar: IQR, tick: p10)", fontsize=8)
+    if table.ratios:
+        ax.set_xlabel("median of per-round ratios to raw (bar: p25-p75; hollow: inside the noise)", fontsize=8)
+    else:
+        ax.set_xlabel("ratio to raw PyTorch (dot: median, bar: IQR, tick: p10)", fontsize=8)
     if table.skipped:  # e.g. "accelerate: not importable by ..." from the script's own skipped: lines
         note = "\n".join("not measured: " + _wrap(reason, 70) for reason in table.skipped)
         ax.text(0.99, 0.02, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="#b00000")

@@ -190,3 +190,21 @@ def test_loader_state_smoke_times_the_capture_and_both_saves() -> None:
         target = rf"target: loader state adds < 1 ms to fabric.save \({case}\) -> capture \+ serialize median [\d.]+ ms"
         assert re.search(target, out), out
     _assert_ratio_row(out, "fabric.save with loader")
+
+
+def test_per_round_ratio_lines_become_a_panel_that_marks_the_noise(capsys: pytest.CaptureFixture[str]) -> None:
+    common, chart = _load("_common"), _load("_chart")
+    # Paired rounds: fabric is 1-3% slower in each round, Lightning twice as slow; a band across 1.0 is noise.
+    raw = [100.0, 120.0, 90.0, 110.0, 105.0, 95.0, 130.0, 100.0, 115.0]
+    ours = [r * f for r, f in zip(raw, [1.01, 0.99, 1.02, 0.98, 1.03, 1.0, 0.97, 1.01, 1.02], strict=True)]
+    assert common.round_order(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert common.round_order(["a", "b", "c"], 1) == ["a", "c", "b"]  # rotated by one, then reversed
+    print("=== python benchmarks/collectives.py\nmachine: CPU, 2 cores, Linux, load avg 0.20 | x")
+    assert common.print_ratio("fabric all_reduce 4 KB", ours, raw, target=1.05)
+    assert not common.print_ratio("lightning_fabric all_reduce 4 KB", [r * 2 for r in raw], raw, target=1.05)
+    out = capsys.readouterr().out
+    assert "(inside the noise) target <= 1.05x: PASS" in out and "2.000x (p25-p75 2.000-2.000x, n=9)" in out
+    (table,) = chart.parse_tables(out)
+    points, band = chart.chart_points(table)
+    assert band is None and [p.label for p in points] == ["fabric all_reduce 4 KB", "lightning_fabric all_reduce 4 KB"]
+    assert points[0].low <= 1.0 <= points[0].high and points[1].ratio == pytest.approx(2.0)
