@@ -3,6 +3,7 @@ file by file when they save, so CSV appends and TensorBoard's event files work u
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -20,7 +21,8 @@ class RemoteDirectory:
 
     @property
     def mirror(self) -> Path:
-        """The local folder, created on first use (loggers create nothing before their first write)."""
+        """The local folder, created on first use (loggers create nothing before their first write) and again after
+        `release`."""
         if self._mirror is None:
             self._mirror = Path(tempfile.mkdtemp(prefix="fabric-logs-"))
         return self._mirror
@@ -53,3 +55,17 @@ class RemoteDirectory:
             if _fsspec.scheme(self.url) not in _fsspec.OBJECT_STORES or _fsspec.scheme(self.url) == "memory":
                 fs.makedirs(parent, exist_ok=True)
             fs.put_file(str(file), inner)
+
+    def download(self, *parts: str) -> None:
+        """Copy the file `parts` from the store into the mirror (if the store has it), where a write continues it."""
+        fs, inner = _fsspec.filesystem(self.join(*parts), self._op)
+        if fs.isfile(inner):
+            target = self.local(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(inner, str(target))
+
+    def release(self) -> None:
+        """Remove the local mirror once everything in it is uploaded: a finished run leaves no copy behind."""
+        if self._mirror is not None:
+            shutil.rmtree(self._mirror, ignore_errors=True)
+            self._mirror = None
