@@ -180,15 +180,19 @@ def _missing(chain: list[str]) -> str:
     return chain[-1]
 
 
-def publishes_whole(fs: AbstractFileSystem) -> bool:
-    """Whether a write to `fs` appears at once, whole (an object store), rather than growing in place."""
+def target_protocols(fs: AbstractFileSystem) -> tuple[str, ...]:
+    """The protocols of the store `fs` finally writes to: caching wrappers (simplecache::, filecache::) and dir::
+    hold it as `fs`."""
     from fsspec import AbstractFileSystem
 
-    # Caching wrappers (simplecache::, filecache::) and dir:: hold the store they write to as `fs`.
     while isinstance(getattr(fs, "fs", None), AbstractFileSystem):
         fs = fs.fs
-    names = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
-    return any(name in OBJECT_STORES for name in names)
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+
+
+def publishes_whole(fs: AbstractFileSystem) -> bool:
+    """Whether a write to `fs` appears at once, whole (an object store), rather than growing in place."""
+    return any(name in OBJECT_STORES for name in target_protocols(fs))
 
 
 def sibling(url: str, fs: AbstractFileSystem, inner: str, rename: Callable[[str], str], op: str) -> tuple[str, str]:

@@ -44,16 +44,19 @@ class RemoteDirectory:
 
     def upload(self, *parts: str) -> None:
         """Copy every mirrored file below `parts` to the store; each file is one upload (whole on object stores)."""
+        if self._mirror is None:
+            return  # nothing written since the mirror was made or released (asking for it would make one)
         root = self.local(*parts)
         if not root.is_dir():
             return
         fs, _ = _fsspec.filesystem(self.url, self._op)
+        # Object stores have no folders to make (s3fs would ask for the bucket each time); the memory store does.
+        makedirs = "memory" in _fsspec.target_protocols(fs) or not _fsspec.publishes_whole(fs)
         for file in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".tmp")):
             relative = file.relative_to(self.mirror).as_posix()
             _, inner = _fsspec.filesystem(self.join(relative), self._op)
-            parent = inner.rsplit("/", 1)[0]
-            if _fsspec.scheme(self.url) not in _fsspec.OBJECT_STORES or _fsspec.scheme(self.url) == "memory":
-                fs.makedirs(parent, exist_ok=True)
+            if makedirs:
+                fs.makedirs(fs._parent(inner), exist_ok=True)
             fs.put_file(str(file), inner)
 
     def download(self, *parts: str) -> None:
