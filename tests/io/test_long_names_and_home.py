@@ -70,6 +70,7 @@ def test_temporary_names_fit_one_name_and_stay_distinct(name: str) -> None:
     assert _atomic.temp_prefix(Path(name)) != _atomic.temp_prefix(Path(name[:-1] + "Z"))
 
 
+@pytest.mark.skipif(_atomic._identity() == "x", reason="this system cannot tell its boot and pid namespace")
 def test_a_killed_save_of_a_long_name_is_cleaned_up(tmp_path: Path) -> None:
     path = tmp_path / _name(250)
     dead = f"{_atomic.temp_prefix(path)}{_atomic._identity()}-{2**22 + 1}-1.abcdefgh{_atomic._SUFFIX}"
