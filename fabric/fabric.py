@@ -20,6 +20,7 @@ from fabric._hooks import call_hook
 from fabric.accelerators.accelerator import Accelerator
 from fabric.accelerators.cuda import check_bf16_supported
 from fabric.checkpoint import state as _checkpoint
+from fabric.io._fsspec import expand_user
 from fabric.loggers.logger import Logger
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_to_device
@@ -473,7 +474,7 @@ class Fabric:
         """Save modules, optimizers and plain values atomically; only the ranks the strategy allows write."""
         self._validate_launched("save")
         state = _checkpoint.with_scaler_state(state, self._strategy.precision.state_dict())
-        self._strategy.save_checkpoint(path, state, filter=filter)
+        self._strategy.save_checkpoint(expand_user(path), state, filter=filter)
         self._strategy.barrier()  # not self.barrier(): that would wait for a save running in the background
 
     def load(
@@ -491,6 +492,7 @@ class Fabric:
         """
         self._validate_launched("load")
         self._strategy.wait_for_checkpoints()
+        path = expand_user(path)  # '~/run.ckpt' is the home directory's, as in Lightning
         remainder = self._strategy.load_checkpoint(path, state=state, strict=strict, weights_only=weights_only)
         remainder = _checkpoint.restore_scaler_state(remainder, state, self._strategy.precision.load_state_dict)
         self.barrier()
@@ -502,7 +504,7 @@ class Fabric:
         """Load a plain state dict file (e.g. from torch.save(model.state_dict())) into a module or optimizer."""
         self._validate_launched("load_raw")
         self._strategy.wait_for_checkpoints()
-        self._strategy.load_checkpoint(path, state=obj, strict=strict, weights_only=weights_only)
+        self._strategy.load_checkpoint(expand_user(path), state=obj, strict=strict, weights_only=weights_only)
 
     # -- callbacks, logging, seeding --------------------------------------------------------------
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:

@@ -13,14 +13,43 @@ from typing import Any
 
 from fabric.checkpoint import files
 from fabric.checkpoint.safe import load_metadata
-from fabric.io import _fsspec
+from fabric.io import _atomic, _fsspec
 from fabric.io._load import UnsafeCheckpointError
 from fabric.utilities.exceptions import FabricValueError
 
 
+def _staged_name(base: str) -> str:
+    return f".{_atomic.fitting(base, len('..saving'))}.saving"
+
+
+def _staging(url: str, op: str) -> tuple[str, Any, str]:
+    """The staging prefix beside `url`, named through the store's own parent and separator: its URL, the file
+    system and the path inside it."""
+    refuse_chained(url, op)
+    fs, inner = _fsspec.filesystem(url, op)
+    staged_url, staged = _fsspec.sibling(url, fs, inner, _staged_name, op)
+    return staged_url, fs, staged
+
+
 def staging_url(url: str) -> str:
-    parent, _, name = url.rstrip("/").rpartition("/")
-    return f"{parent}/.{name}.saving"
+    return _staging(url, "save")[0]
+
+
+def check_save_url(url: str) -> None:
+    """Every rank, before any of them waits for rank 0: a URL the save cannot stage beside is refused on each."""
+    _staging(url, "save")
+
+
+def refuse_chained(url: str, op: str) -> None:
+    """torch's FsspecWriter and FsspecReader open every shard by its URL string, which a chained URL's store does
+    not understand (its rename fails midway): refuse before anything is written."""
+    chain = _fsspec.protocols(url)
+    if len(chain) > 1:
+        raise FabricValueError(
+            f"{op}({url!r}): a sharded checkpoint is written and read by torch.distributed.checkpoint, which cannot "
+            f"use a chained URL ('{chain[0]}::...'). Pass the store's own URL, such as {url.rsplit('::', 1)[-1]!r}; "
+            "single-file checkpoints work with chained URLs."
+        )
 
 
 def is_dcp_url(url: str) -> bool:
@@ -29,7 +58,10 @@ def is_dcp_url(url: str) -> bool:
     if not fs.isdir(inner):
         return False
     names = _names(fs, inner)
-    return files.METADATA_FILE in names or any(name.endswith(".distcp") for name in names)
+    found = files.METADATA_FILE in names or any(name.endswith(".distcp") for name in names)
+    if found:
+        refuse_chained(url, "load")
+    return found
 
 
 def _names(fs: Any, inner: str) -> list[str]:
@@ -38,11 +70,11 @@ def _names(fs: Any, inner: str) -> list[str]:
 
 def missing_error(url: str, op: str) -> FileNotFoundError:
     message = f"{op}({url!r}): no checkpoint exists at this URL. Check it, or save one first."
-    fs, staged = _fsspec.filesystem(staging_url(url), op)
+    staged_url, fs, staged = _staging(url, op)
     if fs.exists(f"{staged}/{files.METADATA_FILE}"):
         message += (
             f" A save was interrupted while publishing it; the complete new checkpoint is at "
-            f"{staging_url(url)!r}: copy it to {url!r} to load it."
+            f"{staged_url!r}: copy it to {url!r} to load it."
         )
     return FileNotFoundError(message)
 
@@ -64,8 +96,9 @@ def read_checked_metadata(url: str, op: str, weights_only: bool | None) -> Any:
             f"{op}({url!r}): the checkpoint is incomplete: {files.METADATA_FILE} is missing. The save that wrote it "
             "did not finish; load an earlier checkpoint."
         )
-        if fs.exists(f"{_fsspec.filesystem(staging_url(url), op)[1]}/{files.METADATA_FILE}"):
-            message += f" The complete new checkpoint is at {staging_url(url)!r}: copy it to {url!r} to load it."
+        staged_url, _, staged = _staging(url, op)
+        if fs.exists(f"{staged}/{files.METADATA_FILE}"):
+            message += f" The complete new checkpoint is at {staged_url!r}: copy it to {url!r} to load it."
         raise RuntimeError(message)
     try:
         with fs.open(metadata_path, "rb") as handle:
@@ -93,7 +126,7 @@ def _remote_size(fs: Any, inner: str) -> Callable[[str], int | None]:
 
 def prepare_staging(url: str) -> None:
     """Rank 0: remove what an interrupted save left at the staging prefix."""
-    fs, staged = _fsspec.filesystem(staging_url(url), "save")
+    _, fs, staged = _staging(url, "save")
     if fs.exists(staged):
         fs.rm(staged, recursive=True)
 
@@ -105,7 +138,7 @@ def discard_staging(url: str) -> None:
 def publish(url: str) -> None:
     """Rank 0: replace the checkpoint at `url` by the staged one; `.metadata` last, so a reader never sees a mix."""
     fs, inner = _fsspec.filesystem(url, "save")
-    _, staged = _fsspec.filesystem(staging_url(url), "save")
+    _, _, staged = _staging(url, "save")
     if fs.exists(inner):
         old_metadata = f"{inner}/{files.METADATA_FILE}"
         if fs.exists(old_metadata):

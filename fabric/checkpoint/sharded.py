@@ -169,6 +169,7 @@ def _save_sharded_remote(
     """As save_sharded, onto a URL: shards go to a staging prefix, which rank 0 publishes (see _sharded_remote)."""
     from torch.distributed.checkpoint import save as dcp_save
 
+    remote.check_save_url(url)  # on every rank, before any waits for rank 0
     converted = states.convert("save", state, filter, full=False)
     _staged_save(
         url, global_rank, barrier,

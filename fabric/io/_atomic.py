@@ -1,5 +1,11 @@
 """Atomic local file replacement that leaves no litter: temporary files say who wrote them, so the next save can
-remove those of writers that are provably dead (killed mid-save) and never those of a save still running."""
+remove those whose writer provably exited (killed mid-save), and never one of a save that may still be running.
+
+Proof comes only from this kernel: a temporary is judged only when its writer ran in this boot and this pid
+namespace (the same pids); then a pid that no longer exists, or that now belongs to a process started at another
+time, proves its writer gone. A writer on another machine, in another container's pid namespace, before a reboot,
+or where /proc cannot tell, is never judged: its temporary stays (the name says who wrote it).
+"""
 
 from __future__ import annotations
 
@@ -7,29 +13,33 @@ import hashlib
 import os
 import socket
 import tempfile
+import uuid
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import IO
 
 _SUFFIX = ".fabric-tmp"
+# One file name holds at most 255 bytes on the common file systems (ext4, xfs, btrfs, APFS; NTFS counts 255 UTF-16
+# units, never fewer than the UTF-8 bytes).
+_NAME_MAX = 255
+# What a temporary name adds after its prefix: the writer's tag (identity 12, pid 7, start time 20, two dashes),
+# mkstemp's '.' and 8 random characters, and the suffix; 32 hex digits of a uuid fit in the same room.
+_AFTER_PREFIX = 48 + 1 + 8 + len(_SUFFIX)
 
 
-def _host() -> str:
-    """This machine and pid namespace: containers on one host share its boot id but not their pids."""
+def _identity() -> str:
+    """This machine's boot and pid namespace, the room in which a pid names one process; 'x' where unknown."""
     try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = str(Path("/proc/self/ns/pid").readlink())
-    except OSError:
-        namespace = ""
-    return hashlib.sha1(f"{socket.gethostname()}|{namespace}".encode()).hexdigest()[:8]
-
-
-def _boot_id() -> str:
-    """Changes on every reboot (Linux); 'x' where unknown, then only the pid tells."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:12]
+        # /proc must be this pid namespace's own (`unshare --pid` without a new /proc shows the outer one's pids),
+        # since pids are probed and start times read through it.
+        if str(Path("/proc/self").readlink()) != str(os.getpid()):
+            return "x"
     except OSError:
         return "x"
+    return hashlib.sha1(f"{socket.gethostname()}|{boot}|{namespace}".encode()).hexdigest()[:12]
 
 
 def _start_time(pid: int) -> str:
@@ -43,34 +53,50 @@ def _start_time(pid: int) -> str:
 
 
 def _writer_tag(pid: int | None = None) -> str:
-    """Who writes a temporary file: host, boot, pid and the process's start time (this process by default)."""
+    """Who writes a temporary file: boot and pid namespace, pid and the process's start time (this process by
+    default)."""
     pid = os.getpid() if pid is None else pid
-    return f"{_host()}-{_boot_id()}-{pid}-{_start_time(pid)}"
+    return f"{_identity()}-{pid}-{_start_time(pid)}"
 
 
-def temp_prefix(path: Path) -> str:
-    return f".{path.name}."
+def fitting(stem: str, reserve: int) -> str:
+    """`stem`, or its start and a hash of all of it, so that `reserve` more bytes still fit in one file name."""
+    room = _NAME_MAX - reserve
+    if len(os.fsencode(stem)) <= room:
+        return stem
+    digest = "~" + hashlib.sha1(os.fsencode(stem)).hexdigest()[:10]
+    kept = stem[: room - len(digest)]  # a character is at least one byte
+    while len(os.fsencode(kept + digest)) > room:
+        kept = kept[:-1]
+    return kept + digest
+
+
+def temp_prefix(path: Path | str) -> str:
+    """The start of the temporary names of saves to `path` (a Path, or the base name of a remote one)."""
+    name = path.name if isinstance(path, Path) else path
+    return f".{fitting(name, 2 + _AFTER_PREFIX)}."
+
+
+def remote_temp_name(name: str) -> str:
+    """A unique temporary name beside the remote file `name`, short enough for the store's name limit."""
+    return f"{temp_prefix(name)}{uuid.uuid4().hex}{_SUFFIX}"
 
 
 def _is_dead(tag: str) -> bool:
-    """Whether the writer named by `tag` has certainly exited (same host, and a reboot or no such process)."""
+    """Whether the writer named by `tag` has certainly exited: it ran in this boot and pid namespace, and its pid
+    is gone or belongs to a process that started at another time."""
     parts = tag.split("-")
-    if len(parts) != 4 or parts[0] != _host():
-        return False  # another machine (a shared file system): nothing here can prove it stopped
-    boot, pid_text, started = parts[1], parts[2], parts[3]
-    if boot != "x" and boot != _boot_id():
-        return True
-    if not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
+    if len(parts) != 3 or parts[0] == "x" or parts[0] != _identity() or not parts[1].isdigit():
+        return False  # another machine, container or boot, or an older name: nothing here can prove it stopped
+    pid, started = int(parts[1]), parts[2]
     if pid == os.getpid():
-        return False
+        return False  # this process: another thread may be saving to the same path
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:
-        return False  # alive, owned by someone else
+        pass  # a process of another user has this pid now: its start time tells whether it is the writer
     return started != "x" and _start_time(pid) not in ("x", started)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -94,15 +93,13 @@ def _save_remote(checkpoint: dict[str, Any], url: str, storage_options: dict[str
     with tempfile.TemporaryDirectory(prefix="fabric-save-") as scratch:
         local = Path(scratch, "checkpoint")
         torch.save(checkpoint, local)
-        if _fsspec.scheme(url) in _fsspec.OBJECT_STORES:
+        if _fsspec.publishes_whole(fs):
             # One upload (a PUT, or a multipart upload completed only at its end) replaces the object at once.
             fs.put_file(str(local), inner)
             return
         # Stores with real directories: upload beside the target, then rename over it.
-        parent = inner.rsplit("/", 1)[0] if "/" in inner else ""
-        if parent:
-            fs.makedirs(parent, exist_ok=True)
-        staged = f"{parent}/.{inner.rsplit('/', 1)[-1]}.{uuid.uuid4().hex}{_atomic._SUFFIX}"
+        _, staged = _fsspec.sibling(url, fs, inner, _atomic.remote_temp_name, "save")
+        fs.makedirs(fs._parent(staged), exist_ok=True)
         fs.put_file(str(local), staged)
         try:
             fs.mv(staged, inner)

@@ -3,6 +3,7 @@ file by file when they save, so CSV appends and TensorBoard's event files work u
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -20,7 +21,8 @@ class RemoteDirectory:
 
     @property
     def mirror(self) -> Path:
-        """The local folder, created on first use (loggers create nothing before their first write)."""
+        """The local folder, created on first use (loggers create nothing before their first write) and again after
+        `release`."""
         if self._mirror is None:
             self._mirror = Path(tempfile.mkdtemp(prefix="fabric-logs-"))
         return self._mirror
@@ -42,14 +44,31 @@ class RemoteDirectory:
 
     def upload(self, *parts: str) -> None:
         """Copy every mirrored file below `parts` to the store; each file is one upload (whole on object stores)."""
+        if self._mirror is None:
+            return  # nothing written since the mirror was made or released (asking for it would make one)
         root = self.local(*parts)
         if not root.is_dir():
             return
         fs, _ = _fsspec.filesystem(self.url, self._op)
+        # Object stores have no folders to make (s3fs would ask for the bucket each time); the memory store does.
+        makedirs = "memory" in _fsspec.target_protocols(fs) or not _fsspec.publishes_whole(fs)
         for file in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".tmp")):
             relative = file.relative_to(self.mirror).as_posix()
             _, inner = _fsspec.filesystem(self.join(relative), self._op)
-            parent = inner.rsplit("/", 1)[0]
-            if _fsspec.scheme(self.url) not in _fsspec.OBJECT_STORES or _fsspec.scheme(self.url) == "memory":
-                fs.makedirs(parent, exist_ok=True)
+            if makedirs:
+                fs.makedirs(fs._parent(inner), exist_ok=True)
             fs.put_file(str(file), inner)
+
+    def download(self, *parts: str) -> None:
+        """Copy the file `parts` from the store into the mirror (if the store has it), where a write continues it."""
+        fs, inner = _fsspec.filesystem(self.join(*parts), self._op)
+        if fs.isfile(inner):
+            target = self.local(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(inner, str(target))
+
+    def release(self) -> None:
+        """Remove the local mirror once everything in it is uploaded: a finished run leaves no copy behind."""
+        if self._mirror is not None:
+            shutil.rmtree(self._mirror, ignore_errors=True)
+            self._mirror = None

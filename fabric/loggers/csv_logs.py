@@ -16,6 +16,7 @@ from fabric.loggers.logger import (
     _add_prefix,
     _params_to_dict,
     _scalar,
+    _version_dir_name,
     _VersionedLogger,
 )
 from fabric.utilities.exceptions import FabricValueError
@@ -65,8 +66,13 @@ class CSVLogger(_VersionedLogger):
 
     def log_metrics(self, metrics: Mapping[str, float | Tensor], step: int | None = None) -> None:
         """Buffer one row of metrics; it is written every ``flush_logs_every_n_steps`` calls."""
+        path = Path(self._local_version_dir) / "metrics.csv"
         if self._writer is None:
-            self._writer = _MetricsWriter(Path(self._local_version_dir) / "metrics.csv")
+            self._writer = _MetricsWriter(path)
+        elif self._writer.path != path and self._remote is not None:
+            # finalize removed the local mirror of a URL root_dir: continue the file already on the store.
+            self._remote.download(self._name, _version_dir_name(self.version), "metrics.csv")
+            self._writer.path = path
         row = {
             key: _scalar(key, value, "CSVLogger")
             for key, value in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items()
@@ -93,8 +99,9 @@ class CSVLogger(_VersionedLogger):
             self._upload()
 
     def finalize(self, status: str) -> None:
-        """Write anything still buffered."""
+        """Write anything still buffered; for a URL ``root_dir``, upload it and remove the local mirror."""
         self.save()
+        self._release_mirror()
 
 
 def _json_default(value: Any) -> Any:

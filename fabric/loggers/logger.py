@@ -127,6 +127,11 @@ class _VersionedLogger(Logger):
         if self._remote is not None:
             self._remote.upload(self._name, _version_dir_name(self.version))
 
+    def _release_mirror(self) -> None:
+        """For a URL, once uploaded: remove the local mirror (a later write starts a new one)."""
+        if self._remote is not None:
+            self._remote.release()
+
 
 def _next_version(directory: Path) -> int:
     """Return one more than the highest ``version_N`` directory under ``directory``, or 0 if none."""

@@ -154,6 +154,7 @@ class TensorBoardLogger(_VersionedLogger):
             self._experiment.close()
             self._experiment = None
             self._upload()
+            self._release_mirror()
 
 
 def _flatten(params: Mapping[str, Any], parent: str = "") -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -27,26 +28,41 @@ def get_filesystem(path: _PATH, **kwargs: Any) -> AbstractFileSystem:
 
 
 def _load(path_or_url: IO | _PATH, map_location: _MAP_LOCATION_TYPE = None, weights_only: bool | None = None) -> Any:
-    """``torch.load`` from an open file, a local path, an http(s) URL or any fsspec URL."""
+    """``torch.load`` from an open file, a local path, an http(s) URL or any fsspec URL (chained ones too)."""
     if not isinstance(path_or_url, (str, Path)):  # an open file object
         return torch.load(path_or_url, map_location=map_location, weights_only=weights_only)  # type: ignore[arg-type]
     text = str(path_or_url)
-    if text.startswith(("http://", "https://")):
+    if _protocol(text) in ("http", "https"):
         return torch.hub.load_state_dict_from_url(
             text,
             map_location=map_location,  # type: ignore[arg-type]
             weights_only=bool(weights_only),
         )
-    if _is_local_file_protocol(text):
+    if "://" not in text and _is_local_file_protocol(text):
+        # '~/model.pt' is the home directory's, as fsspec (and so Lightning) reads it.
+        with contextlib.suppress(RuntimeError):  # '~name' of no known user stays as it is
+            text = str(Path(text).expanduser())
         return torch.load(text, map_location=map_location, weights_only=weights_only)  # type: ignore[arg-type]
-    with get_filesystem(text).open(text, "rb") as handle:
+    from fsspec.core import url_to_fs
+
+    fs, inner = url_to_fs(text)
+    with fs.open(inner, "rb") as handle:
         return torch.load(handle, map_location=map_location, weights_only=weights_only)  # type: ignore[arg-type]
 
 
+def _protocol(text: str) -> str:
+    # fsspec.utils.get_protocol finds a protocol only before '::' or '://': without either, the path is local and
+    # fsspec need not be imported.
+    if "::" not in text and "://" not in text:
+        return "file"
+    from fsspec.utils import get_protocol
+
+    return get_protocol(text)
+
+
 def _is_local_file_protocol(path: _PATH) -> bool:
-    """Whether ``path`` names a local file (no ``protocol://`` prefix, or ``file://``)."""
-    text = str(path)
-    return "://" not in text or text.startswith("file://")
+    """Whether fsspec reads ``path`` as a local file (a plain path or ``file://``; not ``simplecache::file://``)."""
+    return _protocol(str(path)) in ("file", "local")
 
 
 __all__ = ["get_filesystem"]

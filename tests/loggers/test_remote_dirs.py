@@ -102,3 +102,44 @@ def test_a_file_url_root_dir_is_a_local_directory(tmp_path: Path) -> None:
     logger.log_metrics({"loss": 1.0}, step=0)
     logger.save()
     assert (tmp_path / "exp" / "version_0" / "metrics.csv").is_file()
+
+
+@pytest.fixture
+def mirrors(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the loggers' local mirrors (temporary folders) are made."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("mirrors")
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_csv_logger_removes_its_local_mirror_after_finalize(in_tmp: Path, memory_root: str, mirrors: Path) -> None:
+    import fsspec
+
+    logger = CSVLogger(memory_root, name="exp")
+    logger.log_hyperparams({"lr": 0.1})
+    logger.log_metrics({"loss": 1.0}, step=0)
+    assert len(list(mirrors.iterdir())) == 1
+    logger.finalize("success")
+    assert list(mirrors.iterdir()) == []
+    logger.save()  # nothing new: no mirror is made again
+    assert list(mirrors.iterdir()) == []
+    # Logging after finalize continues the file on the store, as it continues a local one.
+    logger.log_metrics({"loss": 0.5}, step=1)
+    logger.finalize("success")
+    rows = _rows(fsspec.filesystem("memory"), "/fabric-logs/exp/version_0/metrics.csv")
+    assert [(row["step"], row["loss"]) for row in rows] == [("0", "1.0"), ("1", "0.5")]
+    assert list(mirrors.iterdir()) == []
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_tensorboard_logger_removes_its_local_mirror_after_finalize(
+    in_tmp: Path, memory_root: str, mirrors: Path
+) -> None:
+    pytest.importorskip("tensorboard")
+    logger = TensorBoardLogger(memory_root, name="tb")
+    logger.log_metrics({"loss": 1.0}, step=0)
+    logger.finalize("success")
+    assert list(mirrors.iterdir()) == []
+    assert list(in_tmp.iterdir()) == []
