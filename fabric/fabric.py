@@ -20,6 +20,7 @@ from fabric._hooks import call_hook
 from fabric.accelerators.accelerator import Accelerator
 from fabric.accelerators.cuda import check_bf16_supported
 from fabric.checkpoint import state as _checkpoint
+from fabric.io._load import check_weights_only
 from fabric.loggers.logger import Logger
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_to_device
@@ -490,6 +491,7 @@ class Fabric:
         plain Python values are unpickled; pass ``weights_only=False`` only for files you trust.
         """
         self._validate_launched("load")
+        check_weights_only(weights_only, "load")
         self._strategy.wait_for_checkpoints()
         remainder = self._strategy.load_checkpoint(path, state=state, strict=strict, weights_only=weights_only)
         remainder = _checkpoint.restore_scaler_state(remainder, state, self._strategy.precision.load_state_dict)
@@ -501,6 +503,7 @@ class Fabric:
     ) -> None:
         """Load a plain state dict file (e.g. from torch.save(model.state_dict())) into a module or optimizer."""
         self._validate_launched("load_raw")
+        check_weights_only(weights_only, "load_raw")
         self._strategy.wait_for_checkpoints()
         self._strategy.load_checkpoint(path, state=obj, strict=strict, weights_only=weights_only)
 
