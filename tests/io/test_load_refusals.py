@@ -239,3 +239,41 @@ def test_a_hostile_metadata_at_a_url_is_refused_without_importing(
     finally:
         fs.rm("/hostile-url", recursive=True)
     assert _hostile.WRITER_MODULE not in sys.modules and not marker.exists()
+
+
+@pytest.mark.parametrize(("given", "passed"), [(None, True), (True, True), (False, False)])
+def test_cloud_io_load_from_http_keeps_the_safe_default(
+    monkeypatch: pytest.MonkeyPatch, given: bool | None, passed: bool
+) -> None:
+    # torch.hub.load_state_dict_from_url unpickles anything unless weights_only=True is passed to it.
+    from fabric.utilities.cloud_io import _load
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", lambda url, **kwargs: seen.update(kwargs))
+    _load("https://example.invalid/model.pt", weights_only=given)
+    assert seen["weights_only"] is passed
+
+
+def test_deepspeed_engine_loads_the_folder_that_was_checked(tmp_path: Path) -> None:
+    # `latest` names a clean folder; a hostile one sits under fabric's default tag name. The engine must be told
+    # to read the folder the safety check read, or it would unpickle the unchecked one.
+    from types import SimpleNamespace
+
+    from fabric.strategies.deepspeed import state as ds_state
+
+    directory = _deepspeed(tmp_path)
+    (directory / "checkpoint").rename(directory / "clean")
+    (directory / "latest").write_text("clean")
+    (directory / "checkpoint").mkdir()
+    hostile = _hostile.PROTO2 + _hostile.global_op("os", "system") + _hostile.STOP
+    (directory / "checkpoint" / "mp_rank_00_model_states.pt").write_bytes(_hostile.torch_file(hostile))
+    model = _model()
+    seen: dict[str, Any] = {}
+
+    def load_checkpoint(load_dir: str, tag: str, **kwargs: Any) -> tuple[str, dict[str, Any]]:
+        seen["tag"] = tag
+        return load_dir, {}
+
+    engine = SimpleNamespace(module=model, load_checkpoint=load_checkpoint)
+    ds_state.load(engine, directory, {"model": model}, True, 1, True)  # type: ignore[arg-type]
+    assert seen["tag"] == "clean"
