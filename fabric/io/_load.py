@@ -100,12 +100,17 @@ def unsupported(
     unsafe = sorted({name for name in found.globals if name not in allowed})
     if unsafe:
         return refused(path, op, unsafe)
+    opcode = _pickle_scan.opcode_name(code)
+    why = (
+        f"it was written with pickle protocol {found.protocol}, and that loader does not support its opcode {opcode} "
+        "(torch.save writes protocol 2 unless pickle_protocol is given)"
+        if found.protocol > 2
+        else f"it uses the pickle opcode {opcode}, which that loader does not support"
+    )
     return UnsafeCheckpointError(
         f"{op}({path!r}): the checkpoint is intact, but torch's weights-only loader (the safe default) cannot read "
-        f"it: it was written with pickle protocol {found.protocol}, and that loader does not support its opcode "
-        f"{_pickle_scan.opcode_name(code)} (torch.save writes protocol 2 unless pickle_protocol is given). If you "
-        f"trust this file (you or a trusted source wrote it), load it with {op}(..., weights_only=False); or save "
-        "it again with torch.save's default pickle_protocol."
+        f"it: {why}. If you trust this file (you or a trusted source wrote it), load it with {op}(..., "
+        "weights_only=False); or save it again with torch.save's default pickle_protocol."
     )
 
 

@@ -277,3 +277,13 @@ def test_deepspeed_engine_loads_the_folder_that_was_checked(tmp_path: Path) -> N
     engine = SimpleNamespace(module=model, load_checkpoint=load_checkpoint)
     ds_state.load(engine, directory, {"model": model}, True, 1, True)  # type: ignore[arg-type]
     assert seen["tag"] == "clean"
+
+
+def test_an_intact_pickle_with_an_opcode_the_safe_loader_lacks_names_the_opcode(tmp_path: Path) -> None:
+    # INST of a class torch allows: nothing unsafe, only an opcode the weights-only unpickler does not implement.
+    path = tmp_path / "inst.ckpt"
+    path.write_bytes(_hostile.torch_file(b"(icollections\nOrderedDict\n."))
+    with pytest.raises(UnsafeCheckpointError, match=r"intact, .* it uses the pickle opcode INST, which") as info:
+        _fabric().load(path)
+    assert "weights_only=False" in str(info.value)
+    assert _fabric().load(path, weights_only=False) == {}
