@@ -184,7 +184,8 @@ def _read_tag(path: Path) -> str | None:
     latest = path / "latest"
     if not latest.is_file():
         return None
-    return latest.read_text().strip() or None
+    # A tag is a short folder name; a crafted `latest` (huge, not UTF-8) must not decide which error is raised.
+    return latest.read_bytes()[:4096].decode("utf-8", "replace").strip() or None
 
 
 def _inside(tag: str) -> bool:
