@@ -21,6 +21,7 @@ from fabric.accelerators.accelerator import Accelerator
 from fabric.accelerators.cuda import check_bf16_supported
 from fabric.checkpoint import state as _checkpoint
 from fabric.io._fsspec import expand_user
+from fabric.io._load import check_weights_only
 from fabric.loggers.logger import Logger
 from fabric.strategies.strategy import Strategy
 from fabric.utilities.apply_func import move_to_device
@@ -491,6 +492,7 @@ class Fabric:
         plain Python values are unpickled; pass ``weights_only=False`` only for files you trust.
         """
         self._validate_launched("load")
+        check_weights_only(weights_only, "load")
         self._strategy.wait_for_checkpoints()
         path = expand_user(path)  # '~/run.ckpt' is the home directory's, as in Lightning
         remainder = self._strategy.load_checkpoint(path, state=state, strict=strict, weights_only=weights_only)
@@ -503,6 +505,7 @@ class Fabric:
     ) -> None:
         """Load a plain state dict file (e.g. from torch.save(model.state_dict())) into a module or optimizer."""
         self._validate_launched("load_raw")
+        check_weights_only(weights_only, "load_raw")
         self._strategy.wait_for_checkpoints()
         self._strategy.load_checkpoint(expand_user(path), state=obj, strict=strict, weights_only=weights_only)
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fabric.checkpoint.safe import load_metadata
+from fabric.checkpoint.safe import check_relative_paths, load_metadata
 from fabric.io._load import UnsafeCheckpointError
 from fabric.utilities.exceptions import FabricValueError
 
@@ -106,6 +106,7 @@ def check_storage(path: str, metadata: Any, op: str, size_of: Callable[[str], in
             f"{op}({path!r}): the checkpoint's {METADATA_FILE} lists no storage files; it was not written "
             "by torch.distributed.checkpoint's FileSystemWriter. Load a checkpoint saved by fabric."
         )
+    check_relative_paths(metadata, path, op)
     needed: dict[str, int] = {}  # file -> the end of the last byte range read from it
     for info in storage.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)

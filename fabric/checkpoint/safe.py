@@ -8,15 +8,21 @@ unpickler allows.
 
 from __future__ import annotations
 
+import _compat_pickle
 import dataclasses
 import enum
+import importlib
 import io
 import pickle
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 import torch
 
 from fabric.io._load import refused, saved_device_or_cpu, torch_load
+from fabric.utilities.exceptions import FabricValueError
 
 # Where the classes in a `.metadata` file live (the dataclasses of DCP's metadata, and the storage info record).
 _METADATA_MODULES = frozenset(
@@ -43,7 +49,11 @@ _OTHER_SAFE = frozenset(
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles only DCP metadata records, torch dtypes/sizes and plain containers; anything else is refused."""
+    """Unpickles only DCP metadata records, torch dtypes/sizes and plain containers; anything else is refused.
+
+    The decision is made from the two strings the pickle names, before anything is imported: pickle's own
+    find_class imports the named module, which runs that module's code whatever the answer would have been.
+    """
 
     def __init__(self, file: IO[bytes], path: str, op: str) -> None:
         super().__init__(file)
@@ -51,20 +61,76 @@ class _MetadataUnpickler(pickle.Unpickler):
         self._op = op
 
     def find_class(self, module: str, name: str) -> Any:
-        obj = super().find_class(module, name)
-        if (module, name) in _OTHER_SAFE or (module == "torch" and isinstance(obj, torch.dtype)):
-            return obj
-        is_record = isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
-        if module in _METADATA_MODULES and is_record and obj.__module__ == module:
-            return obj
-        raise refused(self._path, self._op, [f"{module}.{name}"])
+        # Protocol 2 pickles name Python 2 modules ('__builtin__', ...); pickle's own find_class maps them so.
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        obj = _allowed(module, name)
+        if obj is None:
+            raise refused(self._path, self._op, [f"{module}.{name}"])
+        return obj
+
+
+def _allowed(module: str, name: str) -> Any:
+    """The object `module`.`name` if the metadata may use it, else None; imports nothing it does not allow."""
+    if "." in name or not name.isidentifier():  # a dotted name walks attributes into anything reachable
+        return None
+    if (module, name) in _OTHER_SAFE:
+        return vars(_allowed_module(module)).get(name)
+    if module == "torch":
+        # vars(), not getattr(): torch's module __getattr__ imports submodules on demand.
+        obj = vars(torch).get(name)
+        return obj if isinstance(obj, torch.dtype) else None
+    if module not in _METADATA_MODULES:
+        return None
+    obj = vars(_allowed_module(module)).get(name)
+    is_record = isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
+    return obj if is_record and obj.__module__ == module else None
+
+
+def _allowed_module(module: str) -> ModuleType:
+    """An allowed module: already imported in practice; otherwise imported here, by its name on our list."""
+    loaded = sys.modules.get(module)
+    return loaded if loaded is not None else importlib.import_module(module)
 
 
 def load_metadata(file: IO[bytes] | Any, path: str, op: str, weights_only: bool | None) -> Any:
     """Unpickle a DCP `.metadata` file; only DCP's own records unless `weights_only` is False."""
     if weights_only is False:
         return pickle.load(file)
-    return _MetadataUnpickler(file, path, op).load()
+    try:
+        return _MetadataUnpickler(file, path, op).load()
+    except (Exception, KeyboardInterrupt):
+        # Refusals and malformed bytes (the caller calls those corrupt); Ctrl-C is the user's, not the file's.
+        raise
+    except BaseException:
+        # Nothing the allow-list admits can raise SystemExit or the like; if it ever did, the file must not
+        # decide how this process ends.
+        raise refused(path, op, []) from None
+
+
+def check_relative_paths(metadata: Any, path: str, op: str) -> None:
+    """Every storage file the metadata names must be a plain file name inside the checkpoint directory."""
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(storage, dict):
+        return
+    for info in storage.values():
+        name = getattr(info, "relative_path", None)
+        if not _plain_file_name(name):
+            raise FabricValueError(
+                f"{op}({path!r}): the checkpoint's .metadata names the storage file {name!r}, which is not a file "
+                "inside the checkpoint directory ('/', '\\', '..' and absolute paths are refused, so that a "
+                "crafted checkpoint cannot read files elsewhere). torch.distributed.checkpoint writes only plain "
+                "file names: load a checkpoint written by it, or copy the whole directory again."
+            )
+
+
+def _plain_file_name(name: Any) -> bool:
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(sep in name for sep in ("/", "\\", "\0"))
+        and not Path(name).is_absolute()
+    )
 
 
 def reader(path: str, op: str, weights_only: bool | None) -> Any:
@@ -82,6 +148,7 @@ def reader(path: str, op: str, weights_only: bool | None) -> Any:
             metadata_path = self._get_metadata_path(kwargs.get("rank"))
             with self.fs.create_stream(metadata_path, "rb") as handle:
                 metadata = load_metadata(handle, path, op, weights_only)
+            check_relative_paths(metadata, path, op)
             # What torch's own reader does after unpickling: mark the metadata with this load's id.
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()

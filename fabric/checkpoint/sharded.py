@@ -18,7 +18,7 @@ from fabric.checkpoint import files, remote, safe
 from fabric.checkpoint import sharded_state as states
 from fabric.checkpoint.state import place_plain, unwrap
 from fabric.io import _fsspec
-from fabric.io._load import DeviceRecorder, UnsafeCheckpointError, torch_load
+from fabric.io._load import DeviceRecorder, UnsafeCheckpointError, check_weights_only, torch_load
 from fabric.utilities._loader_state import refuse_plain_loader
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
@@ -130,6 +130,7 @@ def load(
     the DCP load planner that reads into `state` in place, given whether a partial load is allowed (xla_spmd passes
     torch_xla's, which fills each device's shard); by default DCP's own.
     """
+    check_weights_only(weights_only, "load")
     if _fsspec.is_url(path):
         return _load_remote(str(path), state, strict, weights_only, planner)
     path = _fsspec.local(path)
@@ -142,6 +143,7 @@ def load(
 
 def consolidate(path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
     """One process, no process group: read a whole DCP directory into a nested dict of regular tensors."""
+    check_weights_only(weights_only, "consolidate")
     if _fsspec.is_url(path):
         remote.read_checked_metadata(str(path), "consolidate", weights_only)
         return _read_entries(str(path), keys=None, distributed=False, weights_only=weights_only, op="consolidate")

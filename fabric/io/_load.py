@@ -8,8 +8,12 @@ from collections import OrderedDict
 from typing import IO, Any
 
 import torch
+from torch import _weights_only_unpickler
+
+from fabric.utilities.exceptions import FabricTypeError
 
 _REFUSED = re.compile(r"GLOBAL ([\w.]+)")
+_UNSUPPORTED = re.compile(r"Unsupported operand (\d+)")
 # What torch.load raises for bytes that are no checkpoint at all (garbage, truncation, text, an empty file).
 _UNREADABLE_RUNTIME = ("PytorchStreamReader", "zip archive", "Invalid magic number", "corrupt")
 
@@ -39,6 +43,16 @@ def unreadable(path: str, op: str, err: BaseException) -> RuntimeError:
     )
 
 
+def check_weights_only(weights_only: Any, op: str) -> None:
+    """`weights_only` decides whether a file may run code: only True, False or None (the safe default) mean it."""
+    if weights_only is not None and not isinstance(weights_only, bool):
+        raise FabricTypeError(
+            f"{op}(..., weights_only={weights_only!r}): weights_only must be True, False or None, not "
+            f"{type(weights_only).__name__}: it decides whether loading may run code from the file. Leave it out "
+            "(or pass True) for the safe default; pass False only for a file you trust."
+        )
+
+
 def torch_load(
     source: str | IO[bytes],
     path: str,
@@ -48,6 +62,7 @@ def torch_load(
     mmap: bool = False,
 ) -> Any:
     """torch.load that refuses arbitrary unpickling unless `weights_only` is False, and names `path` on failure."""
+    check_weights_only(weights_only, op)
     safe = weights_only is None or weights_only
     try:
         return torch.load(source, map_location=map_location, weights_only=safe, mmap=mmap or None)
@@ -55,6 +70,8 @@ def torch_load(
         message = str(err)
         if safe and "Weights only load failed" in message and "GLOBAL" in message:
             raise refused(path, op, _unsafe_globals(source) or _REFUSED.findall(message)) from None
+        if safe and (code := _UNSUPPORTED.search(message)):
+            raise unsupported(source, path, op, int(code.group(1))) from None
         raise unreadable(path, op, _first_cause(err)) from None
     except (EOFError, KeyError, IndexError, ValueError, AssertionError, UnicodeDecodeError) as err:
         # What torch's (weights-only) unpickler raises on bytes that are no pickle at all.
@@ -63,6 +80,38 @@ def torch_load(
         if any(marker in str(err) for marker in _UNREADABLE_RUNTIME):
             raise unreadable(path, op, err) from None
         raise
+
+
+def unsupported(
+    source: str | IO[bytes], path: str, op: str, code: int, also_allowed: frozenset[str] = frozenset()
+) -> BaseException:
+    """The error for a pickle that torch's weights-only unpickler stopped at opcode `code` (it runs nothing).
+
+    A well-formed pickle is not called corrupt: if it names globals beyond torch's allowed ones, it is refused as
+    unsafe (naming them); otherwise it is a valid checkpoint that only the unrestricted loader can read.
+    """
+    from fabric.io import _pickle_scan  # pickletools is slow to import; only failed loads need it
+
+    found = _pickle_scan.scan(source)
+    if found is None:
+        return unreadable(path, op, pickle.UnpicklingError(f"unsupported opcode {_pickle_scan.opcode_name(code)}"))
+    allowed = also_allowed | set(_weights_only_unpickler._get_allowed_globals())
+    allowed |= set(_weights_only_unpickler._get_user_allowed_globals())
+    unsafe = sorted({name for name in found.globals if name not in allowed})
+    if unsafe:
+        return refused(path, op, unsafe)
+    opcode = _pickle_scan.opcode_name(code)
+    why = (
+        f"it was written with pickle protocol {found.protocol}, and that loader does not support its opcode {opcode} "
+        "(torch.save writes protocol 2 unless pickle_protocol is given)"
+        if found.protocol > 2
+        else f"it uses the pickle opcode {opcode}, which that loader does not support"
+    )
+    return UnsafeCheckpointError(
+        f"{op}({path!r}): the checkpoint is intact, but torch's weights-only loader (the safe default) cannot read "
+        f"it: {why}. If you trust this file (you or a trusted source wrote it), load it with {op}(..., "
+        "weights_only=False); or save it again with torch.save's default pickle_protocol."
+    )
 
 
 def _unsafe_globals(source: str | IO[bytes]) -> list[str]:

@@ -214,7 +214,7 @@ class _StrategyComponents:
         recorder = DeviceRecorder(self.root_device)  # type: ignore[attr-defined]
         if _deepspeed_checkpoint.is_deepspeed_checkpoint(path):
             # Model weights and the other entries; ZeRO's flat optimizer shards fit no plain optimizer.
-            checkpoint = _deepspeed_checkpoint.consolidate_deepspeed(path, weights_only)
+            checkpoint = _deepspeed_checkpoint.consolidate_deepspeed(path, weights_only, op="load")
         else:
             # Everything lands on CPU first; only plain tensors go back to their device (see place_plain).
             checkpoint = self.checkpoint_io.load_checkpoint(path, map_location=recorder, weights_only=weights_only)

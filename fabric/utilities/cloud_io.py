@@ -36,7 +36,8 @@ def _load(path_or_url: IO | _PATH, map_location: _MAP_LOCATION_TYPE = None, weig
         return torch.hub.load_state_dict_from_url(
             text,
             map_location=map_location,  # type: ignore[arg-type]
-            weights_only=bool(weights_only),
+            # torch.hub's own default is False; None means the safe default here, as in every other branch.
+            weights_only=weights_only is not False,
         )
     if "://" not in text and _is_local_file_protocol(text):
         # '~/model.pt' is the home directory's, as fsspec (and so Lightning) reads it.

@@ -12,6 +12,7 @@ Only `consolidate_deepspeed` imports deepspeed, and only when called.
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -43,15 +44,19 @@ _DEEPSPEED_GLOBALS = frozenset(
         "deepspeed.utils.tensor_fragment.fragment_address",
     }
 )
+_UNSUPPORTED = re.compile(r"Unsupported operand (\d+)")
 _RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
 
 def is_deepspeed_checkpoint(path: str | Path) -> bool:
-    """Whether `path` is a directory that DeepSpeed's `save_checkpoint` wrote."""
+    """Whether `path` is a directory that DeepSpeed's `save_checkpoint` wrote (or one whose `latest` file names
+    a folder outside it: that is refused by `tag_dir`, not taken for some other kind of checkpoint)."""
     path = Path(path)
     if not path.is_dir():
         return False
     tag = _read_tag(path)
+    if tag is not None and not _inside(tag):
+        return True
     tag_dir = path / tag if tag else None
     return tag_dir is not None and tag_dir.is_dir() and any(tag_dir.glob("*model_states.pt"))
 
@@ -61,26 +66,41 @@ def tag_dir(path: str | Path, operation: str = "load") -> Path:
     path = local_only(path, operation, "DeepSpeed checkpoints")
     if not path.exists():
         raise FileNotFoundError(f"{operation}({str(path)!r}): no such checkpoint. Check the path.")
+    tag = _read_tag(path)
+    if tag is not None and not _inside(tag):
+        raise FabricValueError(
+            f"{operation}({str(path)!r}): the checkpoint's 'latest' file names the tag {tag!r}, which is not a "
+            "folder inside the checkpoint directory; it is refused rather than followed ('/', '\\', '..' and "
+            "absolute paths), so that a crafted checkpoint cannot make this process read files elsewhere. Write the "
+            "name of a folder inside the directory into 'latest' (fabric writes 'checkpoint')."
+        )
     if not is_deepspeed_checkpoint(path):
         raise FabricValueError(
             f"{operation}({str(path)!r}): not a DeepSpeed checkpoint directory (it needs a 'latest' file naming a "
             "folder with *model_states.pt files, as fabric.save with strategy='deepspeed' writes). Pass such a "
             "directory; a plain checkpoint file loads with the strategy that wrote it."
         )
-    return path / _read_tag(path)  # type: ignore[operator]
+    return path / tag  # type: ignore[operator]
 
 
 def check_safe(directory: Path, path: str | Path, weights_only: bool | None, op: str = "load") -> None:
     """Unless `weights_only` is False: refuse the checkpoint if any of its files would import anything beyond
     tensors, plain values and DeepSpeed's own data classes when unpickled. The check reads only each file's
     pickle, statically, and runs nothing; DeepSpeed (and this module) then unpickle the approved files."""
+    from fabric.io._load import check_weights_only, refused, unreadable, unsupported
+
+    check_weights_only(weights_only, op)
     if weights_only is False:
         return
-    from fabric.io._load import refused, unreadable
-
     for file in sorted(directory.glob("*.pt")):
         try:
             found = torch.serialization.get_unsafe_globals_in_checkpoint(file)
+        except pickle.UnpicklingError as err:
+            # An opcode torch's scan does not know (STACK_GLOBAL, INST, OBJ, FRAME, ...): name what it would import.
+            code = _UNSUPPORTED.search(str(err))
+            if code is None:
+                raise unreadable(str(file), op, err) from None
+            raise unsupported(str(file), str(path), op, int(code.group(1)), _DEEPSPEED_GLOBALS) from None
         except (ValueError, RuntimeError, KeyError, EOFError) as err:
             raise unreadable(str(file), op, err) from None
         unsafe = sorted(set(found) - _DEEPSPEED_GLOBALS)
@@ -139,23 +159,35 @@ def full_weights(
     check_rank_files(directory, saved_world_size(states), path)
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    weights = get_fp32_state_dict_from_zero_checkpoint(str(path), exclude_frozen_parameters=exclude_frozen_parameters)
+    # The tag is passed so that DeepSpeed does not read `latest` again on its own (tag_dir has vetted it).
+    weights = get_fp32_state_dict_from_zero_checkpoint(
+        str(path), tag=directory.name, exclude_frozen_parameters=exclude_frozen_parameters
+    )
     return dict(weights)
 
 
-def consolidate_deepspeed(path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+def consolidate_deepspeed(
+    path: str | Path, weights_only: bool | None = None, op: str = "consolidate"
+) -> dict[str, Any]:
     """One process, no process group: a plain checkpoint dict {model key: full float32 weights, other entries}.
 
     The optimizer state is not included: its shards are flat per-rank buffers that no plain optimizer can load.
+    `op` is the call the user made (``load`` or ``consolidate``), for the errors.
     """
-    directory = tag_dir(path, "consolidate")
-    states = read_model_states(directory, path, weights_only, "consolidate")
+    directory = tag_dir(path, op)
+    states = read_model_states(directory, path, weights_only, op)
     module_key = states.get(MODULE_KEY, "model")
-    return {module_key: full_weights(path, weights_only=weights_only, op="consolidate"), **client_entries(states)}
+    return {module_key: full_weights(path, weights_only=weights_only, op=op), **client_entries(states)}
 
 
 def _read_tag(path: Path) -> str | None:
     latest = path / "latest"
     if not latest.is_file():
         return None
-    return latest.read_text().strip() or None
+    # A tag is a short folder name; a crafted `latest` (huge, not UTF-8) must not decide which error is raised.
+    return latest.read_bytes()[:4096].decode("utf-8", "replace").strip() or None
+
+
+def _inside(tag: str) -> bool:
+    """Whether the tag names a folder directly inside the checkpoint directory (one plain path component)."""
+    return tag not in (".", "..") and not any(sep in tag for sep in ("/", "\\", "\0")) and not Path(tag).is_absolute()

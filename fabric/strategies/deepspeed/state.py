@@ -103,7 +103,7 @@ def load(
     if saved_ranks == world_size:
         loaded, _ = engine.load_checkpoint(
             str(path),
-            tag=ckpt.TAG,
+            tag=directory.name,  # the folder check_safe vetted (DeepSpeed would read another one if told to)
             load_module_strict=strict,
             load_optimizer_states=optimizer_key is not None,
             load_lr_scheduler_states=False,

@@ -342,7 +342,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         from fabric.strategies.deepspeed import state as _deepspeed_state
 
         if state is None:
-            return _deepspeed_checkpoint.consolidate_deepspeed(path, weights_only)
+            return _deepspeed_checkpoint.consolidate_deepspeed(path, weights_only, op="load")
         engine = self._require_engine("fabric.load()", needs_optimizer=False)
         if isinstance(state, Optimizer):
             raise FabricTypeError(
