@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fabric.checkpoint.safe import check_relative_paths, load_metadata
+from fabric.io import _atomic
 from fabric.io._load import UnsafeCheckpointError
 from fabric.utilities.exceptions import FabricValueError
 
@@ -23,12 +24,12 @@ def staging_dir(path: Path) -> Path:
 
     Its name is fixed (no random part) so that every rank computes it without communicating.
     """
-    return path.with_name(f".{path.name}.saving")
+    return path.with_name(f".{_atomic.fitting(path.name, len('..saving'))}.saving")
 
 
 def backup_dir(path: Path) -> Path:
     """Where the previous checkpoint waits during a swap on file systems without an atomic exchange."""
-    return path.with_name(f".{path.name}.old")
+    return path.with_name(f".{_atomic.fitting(path.name, len('..old'))}.old")
 
 
 def is_dcp_directory(path: Path) -> bool:

@@ -279,3 +279,18 @@ def test_consolidate_errors(tmp_path: Path) -> None:
     (tmp_path / "file.pt").write_bytes(b"")
     with pytest.raises(ValueError, match="this is a file; only a sharded checkpoint directory needs consolidating"):
         sc.consolidate(tmp_path / "file.pt")
+
+
+@pytest.mark.parametrize("atomic_exchange", [True, False])
+def test_a_250_character_directory_name_saves_twice_and_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, atomic_exchange: bool
+) -> None:
+    # The staging and backup siblings add '..saving' / '..old' to the name: they must still fit in 255 bytes.
+    if not atomic_exchange:
+        monkeypatch.setattr(_sharded_files, "_exchange", lambda a, b: False)
+    path = tmp_path / ("c" * 250)
+    model, optimizer = _trained()
+    _save(path, {"model": model, "step": 1})
+    _save(path, {"model": model, "optimizer": optimizer, "step": 2})  # the second save swaps with the first
+    assert sc.load(path, None, strict=True)["step"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
