@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import time
-from pathlib import Path
 
-from fabric.diagnostics.record import HEARTBEAT_SECONDS, Collective, CollectiveRecorder, PeerRecord, record_key
+from fabric.diagnostics.record import Collective, CollectiveRecorder, PeerRecord, record_key
+from fabric.health.liveness import Sightings, ended, silence
 
-# A heartbeat older than this means the rank stopped publishing (it publishes at least every HEARTBEAT_SECONDS).
-STALE_SECONDS = 5 * HEARTBEAT_SECONDS
-# How long to wait, after a peer left, for the records to show which one.
-SETTLE_SECONDS = 2.0
+# Beyond how often peers publish, how long to watch their heartbeats before saying one gave no sign of life.
+SETTLE_SECONDS = 0.5
 # Ranks described one by one; the rest are counted (a 1000-rank job must not print 1000 sentences).
 _MAX_DESCRIBED = 8
 # gloo's and NCCL's words for a collective that ran out of time, and for a peer that left the group.
@@ -50,28 +46,26 @@ def explain(recorder: CollectiveRecorder, collective: Collective, kind: str, wai
         how = "failed because another process left the process group"
         advice = "The job cannot go on without it; its own output says why it ended."
     head = f"fabric.{collective.op}() at {collective.site} (collective #{collective.seq}) {how}: "
-    return head + describe_peers(recorder, collective, settle=kind == "peer_left") + " " + advice
+    return head + describe_peers(recorder, collective, peer_left=kind == "peer_left") + " " + advice
 
 
-def describe_peers(recorder: CollectiveRecorder, collective: Collective, settle: bool = False) -> str:
+def describe_peers(recorder: CollectiveRecorder, collective: Collective, peer_left: bool = False) -> str:
     """Sentences on every other rank: missing ones first, then those waiting at the same collective.
 
-    `settle`: a peer just left. Its sockets close a moment before its process is gone (and before a record
-    published at its exit arrives), so look again for up to SETTLE_SECONDS until one rank shows it has ended.
+    The heartbeats of the ranks that say they run are watched until each one moved, or for two publication
+    periods: only a heartbeat that moved shows a rank is running, and only this rank's clock measures it.
+    `peer_left`: a peer just left; also watch (as long) for the record in which one says it ended.
     """
-    peers = read_peers(recorder)
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while settle and not isinstance(peers, str) and not _any_ended(peers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-        peers = read_peers(recorder)
+    sightings = Sightings()
+    peers = _watch(recorder, sightings, peer_left)
     if isinstance(peers, str):
         return peers
     missing, waiting = [], []
     for rank, record in sorted(peers.items()):
-        if record is not None and _waits_here(record, collective):
+        if record is not None and _waits_here(record, collective, sightings):
             waiting.append(rank)
         else:
-            missing.append(_describe(rank, record, collective))
+            missing.append(_describe(rank, record, collective, sightings, recorder.stale_seconds))
     sentences = missing[:_MAX_DESCRIBED]
     if len(missing) > _MAX_DESCRIBED:
         sentences.append(f"{len(missing) - _MAX_DESCRIBED} more ranks are not at this collective either")
@@ -85,17 +79,39 @@ def describe_peers(recorder: CollectiveRecorder, collective: Collective, settle:
     return "; ".join(sentences) + "."
 
 
+def _watch(recorder: CollectiveRecorder, sightings: Sightings, peer_left: bool) -> dict[int, PeerRecord | None] | str:
+    """Read the peers' records until every rank that says it runs showed a moving heartbeat, or time is up."""
+    period = recorder.heartbeat_seconds
+    deadline = time.monotonic() + 2 * period + SETTLE_SECONDS
+    while True:
+        peers = read_peers(recorder)
+        if isinstance(peers, str):
+            return peers
+        for record in peers.values():
+            if record is not None:
+                sightings.see(record)
+        records = [record for record in peers.values() if record is not None]
+        unsure = [r for r in records if ended(r) is None and not sightings.changed(r.rank)]
+        one_ended = any(ended(record) is not None for record in records)
+        if (not unsure and (one_ended or not peer_left)) or time.monotonic() >= deadline:
+            return peers
+        time.sleep(min(period / 2, max(0.0, deadline - time.monotonic())))
+
+
 def read_peers(recorder: CollectiveRecorder) -> dict[int, PeerRecord | None] | str:
     """Every other rank's record (None: it published none), or why they cannot be read."""
     store = recorder.store
     if store is None:
         return "this rank had already finished, so the other ranks' records are not available"
+    ranks = [rank for rank in range(recorder.world_size) if rank != recorder.rank]
+    keys = [record_key(rank) for rank in ranks]
     peers: dict[int, PeerRecord | None] = {}
     try:
-        for rank in range(recorder.world_size):
-            if rank == recorder.rank:
-                continue
-            key = record_key(rank)
+        if keys and store.check(keys):  # two requests for the whole job while every rank has published
+            for rank, raw in zip(ranks, store.multi_get(keys), strict=True):
+                peers[rank] = PeerRecord.decode(rank, raw)
+            return peers
+        for rank, key in zip(ranks, keys, strict=True):
             peers[rank] = PeerRecord.decode(rank, store.get(key)) if store.check([key]) else None
     except Exception:
         return (
@@ -105,17 +121,15 @@ def read_peers(recorder: CollectiveRecorder) -> dict[int, PeerRecord | None] | s
     return peers
 
 
-def _any_ended(peers: dict[int, PeerRecord | None]) -> bool:
-    return any(record is not None and liveness(record) is not None for record in peers.values())
-
-
-def _waits_here(record: PeerRecord, collective: Collective) -> bool:
+def _waits_here(record: PeerRecord, collective: Collective, sightings: Sightings) -> bool:
     last = record.last
-    alive = record.state == "running" and liveness(record) is None
+    alive = ended(record) is None and sightings.changed(record.rank)
     return alive and last is not None and last.seq == collective.seq and last.op == collective.op and record.inside
 
 
-def _describe(rank: int, record: PeerRecord | None, collective: Collective) -> str:
+def _describe(
+    rank: int, record: PeerRecord | None, collective: Collective, sightings: Sightings, stale_seconds: float
+) -> str:
     if record is None:
         return f"rank {rank} has published no record (it has not joined fabric's process group setup)"
     last = record.last
@@ -130,44 +144,14 @@ def _describe(rank: int, record: PeerRecord | None, collective: Collective) -> s
             f"rank {rank} is at {last.describe()} instead, so the ranks' collectives diverged "
             "(FABRIC_DEBUG_COLLECTIVES=1 stops at the first difference)"
         )
-    return f"{where} and {liveness(record) or _running(record, last, collective)}"
+    state = ended(record) or silence(record, sightings, stale_seconds) or _running(record, last, collective)
+    return f"{where} and {state}"
 
 
 def _running(record: PeerRecord, last: Collective | None, collective: Collective) -> str:
     if last is not None and record.inside and last.seq < collective.seq:
         return "it is still running, waiting inside that collective"
     return "it is still running"
-
-
-def liveness(record: PeerRecord, stale_seconds: float = STALE_SECONDS) -> str | None:
-    """Why the rank is not running any more, or None if it still seems to be (no heartbeat for `stale_seconds`
-    counts as not running)."""
-    if record.state == "failed":
-        return f"it exited with an error ({record.error})"
-    if record.state == "exited":
-        return "it has exited (its script ended)"
-    if record.host == socket.gethostname() and not _pid_running(record.pid):
-        return (
-            f"it is no longer running: its process (pid {record.pid}) ended without recording an exit, so it was "
-            "killed (e.g. SIGKILL, the out-of-memory killer) or crashed"
-        )
-    age = time.time() - record.heartbeat
-    if age > stale_seconds:
-        return f"it has given no sign of life for {age:.0f} s (killed, crashed or frozen)"
-    return None
-
-
-def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # an exited child that its parent has not reaped yet still exists, as a zombie
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True  # no /proc (macOS): os.kill said it exists
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -1,8 +1,8 @@
-"""Each rank's record of its last fabric collective, published with a heartbeat to the rendezvous store.
+"""Each rank's record of its last fabric collective, for the rendezvous store, so a timed-out rank can say where
+every other rank is without any collective.
 
-The calling thread only counts and assigns (a few microseconds); a background thread per rank pushes the latest
-record to the store when it changed (at most every 0.1 s) and at least every second as a heartbeat, so a timed-out
-rank can read where every other rank is without any collective.
+The calling thread only counts and assigns (a few microseconds). The job-health thread (fabric/health) publishes
+the record, with a heartbeat counter that goes up at each publication; `finish` publishes how the rank ended.
 """
 
 from __future__ import annotations
@@ -13,17 +13,12 @@ import os
 import socket
 import sys
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from fabric.diagnostics.callsite import call_site
 
-# How often the publisher looks for a new record, and the longest gap between two publications (the heartbeat).
-# Large jobs look less often (up to once a second), so the store, one server for the whole job, is not flooded.
-_POLL_SECONDS = 0.1
-HEARTBEAT_SECONDS = 1.0
 _KEY_PREFIX = "fabric/diag/rank/"
 
 
@@ -54,20 +49,20 @@ class PeerRecord:
     inside: bool  # still inside `last` (entered, not yet returned)
     state: str  # "running", "exited" (its script ended) or "failed" (ended by an uncaught exception)
     error: str  # the exception that ended it, for state "failed"
-    pid: int
+    pid: int  # for the reader of a message only: a pid means nothing on another host or in another PID namespace
     host: str
-    heartbeat: float  # time.time() of the publication
+    beat: int  # goes up at each publication: a value, never a time, so no two hosts' clocks are compared
 
     @classmethod
     def decode(cls, rank: int, raw: bytes) -> PeerRecord:
         data = json.loads(raw)
         last = Collective(*data["last"]) if data["last"] else None
-        fields = ("inside", "state", "error", "pid", "host", "heartbeat")
+        fields = ("inside", "state", "error", "pid", "host", "beat")
         return cls(rank, last, *(data[name] for name in fields))
 
 
 class CollectiveRecorder:
-    """Counts this rank's collectives on one process group and publishes the last one to the group's store."""
+    """Counts this rank's collectives on one process group; `publish` writes the last one to the group's store."""
 
     def __init__(self, store: Any, rank: int, world_size: int, group: Any, debug: bool) -> None:
         self.store = store
@@ -80,15 +75,16 @@ class CollectiveRecorder:
         self._current: tuple[Collective | None, bool] = (None, False)
         self._state, self._error = "running", ""
         self._pid, self._host = os.getpid(), socket.gethostname()
-        self._stop = threading.Event()
-        self._poll = min(HEARTBEAT_SECONDS, max(_POLL_SECONDS, world_size / 1000))
-        self._published: tuple[Collective | None, bool] | None = None
-        self._published_at = 0.0
-        # A connection of its own, so the publisher never waits behind the calling thread's store requests.
-        self._publisher_store = _own_connection(store)
-        self._publish(store)  # at once: peers must find the key even if this rank never issues a collective
-        self._thread = threading.Thread(target=self._run, name="fabric-collective-record", daemon=True)
-        self._thread.start()
+        self._beat = 0
+        self._finished = False
+        self._publishing = threading.Lock()  # the final record must not be overtaken by an older one
+        # How often the job-health thread publishes, and how long a silent heartbeat is taken for a dead rank in
+        # messages (the collective timeout); set when it attaches.
+        self.heartbeat_seconds = 1.0
+        self.stale_seconds = float("inf")
+        # An exception a notebook cell left behind before this group started is not this rank's failure.
+        self._earlier_error = getattr(sys, "last_value", None)
+        self._write(store)  # at once (raises without a usable store): peers find the key even before the first tick
 
     # -- the calling thread (hot path) -------------------------------------------------------------------
     def enter(self, op: str) -> Collective:
@@ -103,79 +99,52 @@ class CollectiveRecorder:
         self._current = (collective, False)
 
     # -- publishing ----------------------------------------------------------------------------------------
-    def _encode(self, current: tuple[Collective | None, bool]) -> str:
-        last, inside = current
-        fields = [last.seq, last.op, last.site] if last else None
-        return json.dumps(
-            {
-                "last": fields,
-                "inside": inside,
-                "state": self._state,
-                "error": self._error,
-                "pid": self._pid,
-                "host": self._host,
-                "heartbeat": time.time(),
-            }
-        )
+    def publish(self, store: Any) -> None:
+        """Write the record, with the next heartbeat value, through `store` (one request); nothing once finished."""
+        with self._publishing:
+            if not self._finished:
+                self._write(store)
 
-    def _publish(self, store: Any) -> None:
-        current = self._current
-        store.set(record_key(self.rank), self._encode(current))
-        self._published, self._published_at = current, time.monotonic()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._poll):
-            group = self._group()
-            if group is None or not _is_default_group(group):
-                # Destroyed without fabric's teardown: nobody reads these records any more. Let the store go now
-                # (on rank 0 it is a listening server), not when the exit hook that holds this recorder runs.
-                self._stop.set()
-                self.store = self._publisher_store = None
-                return
-            if self._current is self._published and time.monotonic() - self._published_at < HEARTBEAT_SECONDS:
-                continue
-            try:
-                self._publish(self._publisher_store)
-            except Exception:
-                return  # the store is gone (its host, rank 0, exited): nothing left to publish to
+    def _write(self, store: Any) -> None:
+        last, inside = self._current
+        self._beat += 1
+        record = {
+            "last": [last.seq, last.op, last.site] if last else None,
+            "inside": inside,
+            "state": self._state,
+            "error": self._error,
+            "pid": self._pid,
+            "host": self._host,
+            "beat": self._beat,
+        }
+        store.set(record_key(self.rank), json.dumps(record))
 
     def finish(self) -> None:
         """Publish that this rank ended (with the error that ended it, if any) and stop publishing. Idempotent."""
-        if os.getpid() != self._pid:  # a forked child: the thread and the record are its parent's
+        if os.getpid() != self._pid:  # a forked child: the record is its parent's
             return
-        if self._stop.is_set():  # finished already, or the publisher stopped on its own (its group was destroyed)
-            # It may still be freeing the store there; a daemon thread inside C++ code when the interpreter
-            # finalises aborts the process ("terminate called without an active exception").
-            self._thread.join(timeout=HEARTBEAT_SECONDS)
-            return
-        self._stop.set()
-        error = getattr(sys, "last_value", None)  # set for an uncaught exception before atexit hooks run
-        self._state = "failed" if error is not None else "exited"
-        self._error = _short(error) if error is not None else ""
-        self._thread.join(timeout=HEARTBEAT_SECONDS)
-        with contextlib.suppress(Exception):  # the store's host may be gone already
-            self._publish(self.store)
-        # Drop the stores now, not at interpreter finalisation, where freeing rank 0's store server can abort.
-        self.store = self._publisher_store = None
+        with self._publishing:
+            if self._finished:
+                return
+            self._finished = True
+            error = self._uncaught_error()
+            self._state = "failed" if error is not None else "exited"
+            self._error = _short(error) if error is not None else ""
+            with contextlib.suppress(Exception):  # the store's host may be gone already
+                self._write(self.store)
+        # Drop the store now, not at interpreter finalisation, where freeing rank 0's store server can abort.
+        self.store = None
+
+    def _uncaught_error(self) -> BaseException | None:
+        # Python sets sys.last_value for an uncaught exception before the exit hooks run; a notebook sets it for
+        # every failed cell, so only a value that appeared after this group started ended this rank.
+        error = getattr(sys, "last_value", None)
+        return None if error is None or error is self._earlier_error else error
 
     @property
     def finished(self) -> bool:
         """Whether `finish` ran."""
-        return self._stop.is_set()
-
-
-def _own_connection(store: Any) -> Any:
-    """A second client of `store` (TCPStore), or the store itself where it cannot be cloned (HashStore, ...)."""
-    try:
-        return store.clone()
-    except Exception:
-        return store
-
-
-def _is_default_group(group: Any) -> bool:
-    import torch.distributed as dist
-
-    return dist.is_initialized() and dist.group.WORLD is group
+        return self._finished
 
 
 def _short(error: BaseException, limit: int = 200) -> str:

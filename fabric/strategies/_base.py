@@ -13,7 +13,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric.checkpoint import state as _checkpoint
-from fabric.strategies._preemption import Preemption
+from fabric.health.preemption import Preemption
 
 if TYPE_CHECKING:
     from fabric.accelerators.accelerator import Accelerator

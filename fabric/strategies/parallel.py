@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import atexit
 import os
-import weakref
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -160,8 +158,7 @@ class ParallelStrategy(Strategy):
             die_with_parent()  # torchrun's workers outlive a killed agent otherwise (`fabric run` sets it earlier)
         if dist.is_initialized():
             self._check_existing_group()
-            self._attach_preemption(_dist.default_store())
-            _diagnostics.start_recording()
+            self._attach_health(_dist.default_store())
             return
         env = self.cluster_environment
         assert env is not None, "connector always sets a cluster environment"
@@ -178,22 +175,29 @@ class ParallelStrategy(Strategy):
             device_id=self.root_device if self.root_device.type == "cuda" else None,
         )
         self._owns_process_group = True
-        self._attach_preemption(store)
-        # gloo processes that exit with a live group can abort; leave cleanly even if the user never tears down.
-        # The hook holds a weak reference to the group, not this strategy: the strategy is usually garbage by exit
-        # (the Fabric was a local of main()), and the group it created must still be destroyed then, but only that
-        # group. A strong reference would keep the group alive past destroy_process_group until interpreter
-        # finalisation, where freeing gloo's threads aborts the process ("terminate called without an active
-        # exception") in about one run in ten.
-        atexit.register(_destroy_at_exit, weakref.ref(dist.group.WORLD))
-        # After the hook above, so that at exit this rank publishes "exited" before its connections close.
-        _diagnostics.start_recording()
+        # The records and the preemption keys live in the default group's store (torch prefixes its keys), where
+        # the timeout messages read them.
+        default_store = _dist.default_store()
+        self._attach_health(default_store if default_store is not None else store)
 
-    def _attach_preemption(self, store: Any) -> None:
+    def _attach_health(self, store: Any) -> None:
+        """One health thread for the group, the recorder it publishes, and this strategy's preemption decisions.
+
+        fabric/health orders this rank's exit too (publish how it ended, stop the thread, destroy a group fabric
+        created), whether or not the user tears down.
+        """
+        from fabric.health.attach import attach_health
+
         # Nothing else ends the other ranks when one fails unless fabric launched them or an agent supervises them.
         env = self.cluster_environment
         unsupervised = self.launcher is None and not (env is not None and env.ends_job_on_failure)
-        self.preemption.attach(store, self.global_rank, self.world_size, self._timeout, exit_on_abort=unsupervised)
+        health = attach_health(
+            store, self.global_rank, self.world_size, self._timeout, unsupervised, self._owns_process_group
+        )
+        recorder = _diagnostics.start_recording()
+        if health is not None and recorder is not None:
+            health.adopt(recorder)
+        self.preemption.attach(health)
 
     def _check_existing_group(self) -> None:
         if dist.get_world_size() != self.world_size or dist.get_rank() != self.global_rank:
@@ -209,9 +213,12 @@ class ParallelStrategy(Strategy):
         try:
             self.checkpoint_io.wait()
         finally:
-            self.preemption.detach()  # its thread uses the group's store
+            self.preemption.detach()
             if self._owns_process_group and dist.is_initialized():
-                _diagnostics.stop_recording()
+                from fabric.health.attach import release_health
+
+                _diagnostics.stop_recording()  # the peers see "exited" before the connections drop
+                release_health()  # its thread uses the group's store
                 dist.destroy_process_group()
             self._owns_process_group = False
             super().teardown()
@@ -323,8 +330,3 @@ def _import_before_group_exists() -> None:
     ("terminate called without an active exception").
     """
     import torch.distributed.nn.functional  # noqa: F401
-
-
-def _destroy_at_exit(group: weakref.ref) -> None:
-    if dist.is_initialized() and group() is not None and dist.group.WORLD is group():
-        dist.destroy_process_group()

@@ -3,7 +3,11 @@
 Signal dispositions belong to the whole process, so this module keeps one table of what to do per signal: the
 launcher part of a process registers a forwarder (pass the signal on to the processes it started), the rank part
 a catcher (turn it into `fabric.preempted`). With no catcher, the signal keeps the effect it had before fabric
-handled it: by default the process dies of it, as if fabric were not there.
+handled it: by default the process dies of it, as if fabric were not there. A handler installed before fabric's
+(submitit's, a user's) is still called after fabric's own. A child forked with multiprocessing (DataLoader workers)
+gets the handlers back that were there before fabric: it is no rank and forwards nothing.
+
+Handlers run on the main thread between two bytecodes: they only set flags and pass signals on, never wait.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ PREEMPTION_SIGNALS_ENV = "FABRIC_PREEMPTION_SIGNALS"
 _forwarders: dict[int, list[Callable[[int], None]]] = {}
 _catchers: dict[int, list[Callable[[int], None]]] = {}  # one per Fabric that reads `preempted`
 _previous: dict[int, Any] = {}
+_fork_hook_registered = False
 
 
 def preemption_signals() -> tuple[signal.Signals, ...]:
@@ -78,9 +83,30 @@ def _install(signum: int) -> bool:
         return True
     if threading.current_thread() is not threading.main_thread():
         return False  # Python sets handlers only from the main thread
+    _register_fork_hook()
     _previous[signum] = signal.getsignal(signum)
     signal.signal(signum, _dispatch)
     return True
+
+
+def _register_fork_hook() -> None:
+    global _fork_hook_registered
+    if not _fork_hook_registered and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_restore_in_child)
+        _fork_hook_registered = True
+
+
+def _restore_in_child() -> None:
+    """In a forked child: the handlers from before fabric, and nothing to forward or catch."""
+    _forwarders.clear()
+    _catchers.clear()
+    for signum, previous in list(_previous.items()):
+        if signal.getsignal(signum) is _dispatch:
+            try:
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            except ValueError:  # forked from a thread other than the main one: Python keeps the parent's
+                continue
+    _previous.clear()
 
 
 def _uninstall_if_unused(signum: int) -> None:
@@ -96,12 +122,12 @@ def _dispatch(signum: int, frame: Any) -> None:
     catchers = list(_catchers.get(signum, []))
     for catch in catchers:
         catch(signum)
-    if catchers:
-        return
     previous = _previous.get(signum, signal.SIG_DFL)
     if callable(previous):
-        previous(signum, frame)
-    elif previous != signal.SIG_IGN:
+        previous(signum, frame)  # installed before fabric's: its owner still expects it (submitit, a user)
+    elif catchers or previous == signal.SIG_IGN:
+        return
+    else:
         # Nobody here treats it as a preemption: die of it, exactly as without fabric.
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,10 +136,12 @@ def test_killed_rank_is_no_longer_running(tmp_path: Path) -> None:
     assert ranks[0].returncode == 1, ranks[0].output
     message = _message(ranks[0], "RuntimeError: fabric.all_reduce()")
     assert message.startswith(f"RuntimeError: fabric.all_reduce() at diag_job.py:{KILL_REDUCE} (collective #2) ")
-    assert (
-        f": rank 1 has not arrived; its last collective was #1 barrier() at diag_job.py:{BARRIER} and it is no "
-        f"longer running: its process (pid {ranks[1].pid}) ended without recording an exit, so it was killed"
-    ) in message
+    # No pid is probed: its heartbeat stopped, as rank 0 saw on its own clock.
+    assert re.search(
+        rf": rank 1 has not arrived; its last collective was #1 barrier\(\) at diag_job\.py:{BARRIER} and it gave no "
+        r"sign of life for \d+ s as seen from this rank",
+        message,
+    ), message
 
 
 @pytest.mark.multiprocess

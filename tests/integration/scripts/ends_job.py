@@ -7,6 +7,8 @@ Usage: python ends_job.py OUTDIR START SCENARIO [STEPS]
             hang0   rank 0 sleeps in its own code; rank 1's all_reduce times out after TIMEOUT
             raise1  rank 1 raises while rank 0 waits in an all_reduce
             sleep   both ranks sleep in their own code for RUN_SECONDS (the test kills one with SIGKILL)
+            sleep_reduce  both ranks sleep in their own code for SLEEP_SECONDS (the test kills rank 1), then
+                    all_reduce with a collective timeout of TIMEOUT
             preempt train STEPS steps with a checkpoint; on fabric.preempted save and exit 0; a rerun resumes
 Every rank writes OUTDIR/rank{N}.pid.json once the process group is up.
 """
@@ -30,6 +32,7 @@ TIMEOUT = timedelta(seconds=3)  # hang0: the collective that times out
 RELAXED_TIMEOUT = timedelta(seconds=60)
 RUN_SECONDS = 40  # far longer than any test waits: the signal, not the loop, must end the job
 STEP_SECONDS = 0.1
+SLEEP_SECONDS = 5  # sleep_reduce: the test kills rank 1 meanwhile
 FAILURE = "integration-test-failure-e2d7: rank 1 raised on purpose"
 
 
@@ -60,6 +63,11 @@ def train(fabric: Fabric, outdir: Path, scenario: str, steps: int) -> None:
             time.sleep(0.5)  # let rank 0 block in the all_reduce first
             write_json(outdir / "failed_at.json", {"time": time.time(), "rank": rank})
             raise RuntimeError(FAILURE)
+        fabric.all_reduce(torch.ones(1))
+        write_json(outdir / f"rank{rank}.unexpected.json", {"passed_collective": True})
+        return
+    if scenario == "sleep_reduce":
+        time.sleep(SLEEP_SECONDS)
         fabric.all_reduce(torch.ones(1))
         write_json(outdir / f"rank{rank}.unexpected.json", {"passed_collective": True})
         return
@@ -106,7 +114,7 @@ def main() -> None:
     outdir = outdir_from_argv()
     start, scenario = sys.argv[2], sys.argv[3]
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else 0
-    timeout = TIMEOUT if scenario == "hang0" else RELAXED_TIMEOUT
+    timeout = TIMEOUT if scenario in ("hang0", "sleep_reduce") else RELAXED_TIMEOUT
     strategy = DDPStrategy(timeout=timeout, start_method="spawn" if start == "spawn" else "popen")
     fabric = Fabric(accelerator="cpu", strategy=strategy, devices=2, callbacks=[SavingCallback(outdir)])
     if start == "spawn":

@@ -12,8 +12,17 @@ import pytest
 import torch.distributed as dist
 
 from fabric import Fabric
-from fabric.strategies._preemption import Preemption
+from fabric.health.job import JobHealth
+from fabric.health.preemption import Preemption
 from fabric.utilities import _signals
+
+
+def _attached(store: Any, rank: int, timeout: float) -> tuple[Preemption, JobHealth]:
+    health = JobHealth(store, rank, 2, timedelta(seconds=timeout))
+    preemption = Preemption()
+    preemption.attach(health)
+    health.start()
+    return preemption, health
 
 
 @pytest.fixture(autouse=True)
@@ -34,9 +43,8 @@ def _wait_until(condition: Any) -> None:
 
 def test_ranks_stop_at_the_same_check_whoever_was_signalled() -> None:
     store = dist.HashStore()
-    ranks = [Preemption(), Preemption()]
-    for rank, preemption in enumerate(ranks):
-        preemption.attach(store, rank, 2, timedelta(seconds=10), exit_on_abort=False)
+    attached = [_attached(store, rank, 10) for rank in range(2)]
+    ranks = [preemption for preemption, _ in attached]
     try:
         # Rank 1 runs ahead: 5 checks, rank 0 only 2, when rank 0 gets the signal.
         assert [ranks[1].check() for _ in range(5)] == [False] * 5
@@ -46,8 +54,9 @@ def test_ranks_stop_at_the_same_check_whoever_was_signalled() -> None:
         answers0 = [ranks[0].check() for _ in range(6)]
         answers1 = [ranks[1].check() for _ in range(3)]
     finally:
-        for preemption in ranks:
+        for preemption, health in attached:
             preemption.detach()
+            health.stop()
     # Both answer True at their 6th check, the one after the most checks any rank had answered False.
     assert answers0 == [False, False, False, True, True, True]
     assert answers1 == [True, True, True]
@@ -55,8 +64,7 @@ def test_ranks_stop_at_the_same_check_whoever_was_signalled() -> None:
 
 def test_a_silent_rank_makes_the_agreement_fail_with_a_clear_error() -> None:
     store = dist.HashStore()
-    alone = Preemption()
-    alone.attach(store, 0, 2, timedelta(seconds=0.3), exit_on_abort=False)
+    alone, health = _attached(store, 0, 0.3)
     try:
         alone._catch(signal.SIGTERM)
         _wait_until(lambda: alone._known)
@@ -64,6 +72,7 @@ def test_a_silent_rank_makes_the_agreement_fail_with_a_clear_error() -> None:
             alone.check()
     finally:
         alone.detach()
+        health.stop()
 
 
 def test_signal_after_the_first_read_becomes_the_flag_and_calls_on_preempt() -> None:
@@ -118,18 +127,22 @@ _CATCH_SCRIPT = """
 import os, signal, sys, time
 from datetime import timedelta
 import torch.distributed as dist
-from fabric.strategies._preemption import Preemption
+from fabric.health.job import JobHealth
+from fabric.health.preemption import Preemption
 
 store = dist.HashStore()
+health = JobHealth(store, 0, 2, timedelta(seconds=5))
 preemption = Preemption()
-preemption.attach(store, 0, 2, timedelta(seconds=5), exit_on_abort=False)
+preemption.attach(health)
+health.start()
 preemption.arm()
-if sys.argv[1] == "failing":
-    store.set("fabric/abort", "1")  # what a failing rank leaves before the launcher ends the others
+if sys.argv[1] == "failing":  # what a failing rank leaves before the launcher ends the others
+    JobHealth(store, 1, 2, timedelta(seconds=5)).report_failure()
 os.kill(os.getpid(), signal.SIGTERM)
-time.sleep(0.5)
+time.sleep(1)
 print("flag", preemption._signalled.is_set())
 preemption.detach()
+health.stop()
 """
 
 
