@@ -62,16 +62,18 @@ class Mapping:
         self.address: int = address
         self.nbytes = nbytes
         self.pid = os.getpid()
+        # Held here: at interpreter exit a late __del__ may find the module globals already cleared.
+        self._getpid, self._munmap = os.getpid, libc.munmap
         libc.madvise(address, nbytes, _MADV_DONTFORK)
 
     @property
     def usable(self) -> bool:
         """False in a forked child, where the range is not mapped."""
-        return os.getpid() == self.pid
+        return self._getpid() == self.pid
 
     def __del__(self) -> None:
-        if self.usable and _libc is not None:
-            _libc.munmap(self.address, self.nbytes)
+        if self.usable:
+            self._munmap(self.address, self.nbytes)
 
 
 def mapped_storage(nbytes: int) -> torch.UntypedStorage:
