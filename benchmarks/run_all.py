@@ -32,6 +32,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         cpu.append(["uneven_all_gather.py", "--smoke"])
         cpu.append(["collective_record_overhead.py", "--smoke"])
         cpu.append(["loader_state.py", "--smoke"])
+        cpu.append(["fork_after_async.py", "--smoke"])
         gpu = [
             ["cuda_precision.py", "--device", "cpu", "--smoke"],
             ["gpu_memory_and_speed.py", "--device", "cpu", "--smoke"],
@@ -46,6 +47,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         ["launch_startup.py", *rounds, *peer],
         ["checkpoint.py", *rounds, *peer],
         ["checkpoint_async.py", *rounds, *peer],
+        ["fork_after_async.py", *rounds, *peer],
         ["uneven_all_gather.py", *rounds, *peer],
         ["collective_record_overhead.py", *rounds, *peer],
         ["loader_state.py", *peer],  # repetitions, not rounds: --reps (default 200)

@@ -475,6 +475,7 @@ class Fabric:
         """Save modules, optimizers and plain values atomically; only the ranks the strategy allows write."""
         self._validate_launched("save")
         state = _checkpoint.with_scaler_state(state, self._strategy.precision.state_dict())
+        self._strategy.wait_for_checkpoints()  # a previous background save that failed raises on every rank
         self._strategy.save_checkpoint(expand_user(path), state, filter=filter)
         self._strategy.barrier()  # not self.barrier(): that would wait for a save running in the background
 

@@ -120,3 +120,40 @@ def _finish(path: Path, future: Future, global_rank: int, group: Any) -> None:
         # Every rank's wait() returns only after the swap: a load right after it reads the new checkpoint.
         if group is not None:
             dist.barrier(group=group)
+
+
+def wait_on_every_rank(
+    checkpoint_io: CheckpointIO,
+    global_rank: int,
+    world_size: int,
+    all_reduce: Callable[..., Any],
+    broadcast: Callable[..., Any],
+    device: Any,
+) -> None:
+    """Wait for this rank's background save, then agree on the outcome: one that failed on any rank raises the
+    same error on every rank.
+
+    Only rank 0 writes single files and publishes sharded checkpoints; raising on rank 0 alone would leave the
+    others in their next collective until it times out. Costs one small all_reduce when every save went well.
+    """
+    import torch
+
+    error: Exception | None = None
+    try:
+        checkpoint_io.wait()
+    except Exception as err:
+        error = err
+    if world_size <= 1:
+        if error is not None:
+            raise error
+        return
+    # max(world_size - rank) over the ranks that failed names the lowest of them; 0: none failed.
+    mark = torch.tensor(world_size - global_rank if error is not None else 0, device=device)
+    top = int(all_reduce(mark, reduce_op="max").item())
+    if top == 0:
+        return
+    source = world_size - top
+    message = broadcast(str(error) if error is not None else None, src=source)
+    raise RuntimeError(f"{message} [The save failed on global rank {source}; every rank raises this error.]") from (
+        error
+    )

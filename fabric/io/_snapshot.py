@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
-import mmap
+import os
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -12,16 +12,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fabric.io import _buffers
 from fabric.utilities.exceptions import FabricTypeError
 
 # Values that cannot change after the snapshot, so they are kept as they are.
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, range)
 _StorageKey = tuple[str, int, int]  # (device, data pointer, bytes) of a source storage
-# Buffers from this size on are mapped with MAP_POPULATE (Linux): the kernel provides all pages at once, which
-# costs about half of faulting them in one by one during the first copy.
-_POPULATE_FROM = 1 << 20
+# Buffers from this size on get their own mapping that fork() leaves out (see _buffers); smaller ones are
+# ordinary memory, whose copy in a child costs next to nothing.
+_MAPPED_FROM = 1 << 20
 # CPU copies are split into pieces of this size over up to torch.get_num_threads() threads (at most _MAX_THREADS):
-# the loop is blocked during the copy anyway, so its intra-op threads are idle. memmove releases the GIL.
+# the loop is blocked during the copy anyway, so its intra-op threads are idle. memmove releases the GIL. On the
+# first save each thread also faults in the fresh pages of its own pieces, so faulting runs in parallel too.
 _PIECE = 32 << 20
 _MAX_THREADS = 8
 
@@ -35,6 +37,7 @@ class BufferPool:
 
     def __init__(self) -> None:
         self._buffers: dict[_StorageKey, torch.UntypedStorage] = {}
+        self._pid = os.getpid()
 
     @property
     def nbytes(self) -> int:
@@ -47,6 +50,9 @@ class BufferPool:
 
     def snapshot(self, checkpoint: Any) -> Any:
         """A copy of `checkpoint` that later changes to the user's tensors and containers do not affect."""
+        if os.getpid() != self._pid:
+            # A forked child: the mapped buffers are not mapped here. Forget them without touching them.
+            self._buffers, self._pid = {}, os.getpid()
         taker = _Snapshot(self._buffers)
         result = taker.copy(checkpoint, "checkpoint")
         taker.finish()
@@ -61,7 +67,8 @@ class _Snapshot:
         self.used: dict[_StorageKey, torch.UntypedStorage] = {}
         self.memo: dict[int, Any] = {}
         self.devices: set[torch.device] = set()
-        self.host_copies: list[tuple[int, int, int]] = []  # (destination, source, bytes), done by finish()
+        # (destination, source, bytes, fresh), done by finish(); `fresh`: a new mapping whose pages are not faulted in
+        self.host_copies: list[tuple[int, int, int, bool]] = []
 
     def copy(self, value: Any, where: str) -> Any:
         if isinstance(value, _IMMUTABLE):
@@ -121,10 +128,12 @@ class _Snapshot:
         if key in self.used:
             return self.used[key]
         buffer = self.previous.get(key)
+        fresh = buffer is None
         if buffer is None:
             buffer = _cpu_buffer(storage.nbytes(), pinned=device.type == "cuda")
         if device.type == "cpu":
-            self.host_copies.append((buffer.data_ptr(), storage.data_ptr(), storage.nbytes()))
+            fresh = fresh and storage.nbytes() >= _MAPPED_FROM and _buffers.dontfork_supported()
+            self.host_copies.append((buffer.data_ptr(), storage.data_ptr(), storage.nbytes(), fresh))
         else:
             # Non-blocking device-to-host copies overlap; synchronize() waits for all of them before returning.
             buffer.copy_(storage, non_blocking=buffer.is_pinned())
@@ -136,28 +145,32 @@ class _Snapshot:
         """Copy the CPU storages and wait for the device copies: the snapshot is complete when save returns."""
         # glibc's memmove streams large copies past the cache: about twice as fast as storage.copy_ here.
         pieces = [
-            (dst + offset, src + offset, min(_PIECE, nbytes - offset))
-            for dst, src, nbytes in self.host_copies
+            (dst + offset, src + offset, min(_PIECE, nbytes - offset), fresh)
+            for dst, src, nbytes, fresh in self.host_copies
             for offset in range(0, nbytes, _PIECE)
         ]
         threads = min(_MAX_THREADS, torch.get_num_threads(), len(pieces))
         if threads > 1:
             with ThreadPoolExecutor(threads, thread_name_prefix="fabric-snapshot") as pool:
-                list(pool.map(lambda piece: ctypes.memmove(*piece), pieces))
+                list(pool.map(_copy_piece, pieces))
         else:
             for piece in pieces:
-                ctypes.memmove(*piece)
+                _copy_piece(piece)
         for device in self.devices:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 
 
+def _copy_piece(piece: tuple[int, int, int, bool]) -> None:
+    destination, source, nbytes, fresh = piece
+    if fresh:  # one call faults the piece in: about half the cost of faulting page by page in memmove
+        _buffers.populate(destination, nbytes)
+    ctypes.memmove(destination, source, nbytes)
+
+
 def _cpu_buffer(nbytes: int, pinned: bool) -> torch.UntypedStorage:
     if pinned:  # page-locked memory lets the device copy straight into it, asynchronously
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).untyped_storage()
-    populate = getattr(mmap, "MAP_POPULATE", None)
-    if populate is None or nbytes < _POPULATE_FROM:
+    if nbytes < _MAPPED_FROM or not _buffers.dontfork_supported():
         return torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
-    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-    # The tensor keeps the mapping alive; it is unmapped when the buffer is freed.
-    return torch.frombuffer(mapping, dtype=torch.uint8).untyped_storage()
+    return _buffers.mapped_storage(nbytes)

@@ -230,11 +230,17 @@ class _StrategyComponents:
         """Block until background saves are complete on every process; raise the error of one that failed.
 
         With an asynchronous CheckpointIO this is collective: only rank 0 writes single files, so the other
-        processes must also wait for it before they read.
+        processes must also wait for it before they read, and learn whether it failed (every rank raises).
         """
-        self.checkpoint_io.wait()
-        if self.checkpoint_io.asynchronous:
-            self.barrier()  # type: ignore[attr-defined]
+        if not self.checkpoint_io.asynchronous:
+            self.checkpoint_io.wait()
+            return
+        from fabric.checkpoint.async_saver import wait_on_every_rank
+
+        me: Any = self
+        wait_on_every_rank(
+            self.checkpoint_io, me.global_rank, me.world_size, me.all_reduce, me.broadcast, me.root_device
+        )
 
     def teardown(self) -> None:
         """Release everything this strategy set up."""

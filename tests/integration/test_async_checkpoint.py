@@ -93,3 +93,32 @@ def test_ddp_and_full_checkpoints_load_right_after_an_async_save_on_every_rank(
 def test_teardown_waits_for_the_last_sharded_save(sharded: list[dict[str, Any]]) -> None:
     for result in sharded:
         assert result["last_complete"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+@pytest.fixture(scope="module")
+def failures(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    outdir = tmp_path_factory.mktemp("async_failure")
+    run = runner.run_script("async_failure.py", str(outdir), timeout=240)
+    assert run.returncode == 0, run.output
+    return [torch.load(outdir / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("check", ["ddp_barrier", "ddp_next_save"])
+def test_a_background_save_that_fails_on_rank_0_raises_the_same_error_on_every_rank(
+    failures: list[dict[str, Any]], check: str
+) -> None:
+    results = _check(failures, check)
+    messages = [result["message"] for result in results]
+    assert messages[0] is not None and messages[0] == messages[1], messages
+    assert ".pt'): the background write of this checkpoint failed" in messages[0]
+    assert "Can't pickle" in messages[0] and "failed on global rank 0; every rank raises this error" in messages[0]
+    assert all(result["version"] == 1 for result in results), "the checkpoint saved before is intact"
+
+
+def test_a_failed_publish_of_an_async_sharded_save_raises_on_every_rank(failures: list[dict[str, Any]]) -> None:
+    results = _check(failures, "fsdp_publish")
+    messages = [result["message"] for result in results]
+    assert messages[0] is not None and messages[0] == messages[1], messages
+    assert "cannot publish" in messages[0] and "(injected)" in messages[0]
+    assert "failed on global rank 0; every rank raises this error" in messages[0]
+    assert all(result["version"] == 1 and result["unchanged"] for result in results)

@@ -239,3 +239,85 @@ def test_background_sharded_save_to_a_url_is_refused() -> None:
     fabric = Fabric(accelerator="cpu", strategy="fsdp", devices=2, plugins=[AsyncCheckpointIO()])
     with pytest.raises(ValueError, match=r"'memory://run/ckpt'\) with AsyncCheckpointIO: background sharded saves"):
         fabric.strategy.save_checkpoint("memory://run/ckpt", {"step": 1})
+
+
+def _mapped(address: int) -> bool:
+    """Whether `address` lies in a mapping of this process (/proc/self/maps)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        start, end = (int(part, 16) for part in line.split()[0].split("-"))
+        if start <= address < end:
+            return True
+    return False
+
+
+def _in_child(job: Any) -> str:
+    """Run `job()` in a forked child; return what it returned (a string), or its traceback."""
+    import os
+    import traceback
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        try:
+            answer = str(job())
+        except BaseException:
+            answer = traceback.format_exc()
+        os.write(write, answer.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as stream:
+        answer = stream.read()
+    os.waitpid(pid, 0)
+    return answer
+
+
+needs_dontfork = pytest.mark.skipif(
+    not __import__("fabric.io._buffers", fromlist=["_"]).dontfork_supported(), reason="needs Linux MADV_DONTFORK"
+)
+
+
+@needs_dontfork
+def test_a_forked_child_does_not_inherit_the_snapshot_buffers_and_the_parent_keeps_them(tmp_path: Path) -> None:
+    io = AsyncCheckpointIO()
+    weights = torch.arange(1_000_000, dtype=torch.float32)  # 4 MB: a buffer of its own mapping
+    io.save_checkpoint({"w": weights}, tmp_path / "x.pt")
+    io.wait()
+    (buffer,) = io._pool._buffers.values()
+    address, last = buffer.data_ptr(), buffer.data_ptr() + buffer.nbytes() - 1
+    assert _mapped(address) and _mapped(last)
+    child = _in_child(lambda: (_mapped(address), _mapped(last)))
+    assert child == "(False, False)", child
+    # The parent's buffer is intact and still reused by the next save.
+    assert torch.equal(torch.frombuffer(bytearray(buffer), dtype=torch.float32), weights)
+    weights.add_(1)
+    io.save_checkpoint({"w": weights}, tmp_path / "x.pt")
+    io.wait()
+    reused = next(iter(io._pool._buffers.values())).data_ptr()
+    assert reused == address
+    assert torch.equal(torch.load(tmp_path / "x.pt")["w"], weights)
+    del buffer
+    io.teardown()
+    assert not _mapped(address), "freeing the pool unmaps its buffers"
+
+
+@needs_dontfork
+def test_a_forked_child_saves_with_fresh_buffers_and_never_reads_the_inherited_ones(tmp_path: Path) -> None:
+    io = AsyncCheckpointIO()
+    weights = torch.randn(1_000_000)
+    io.save_checkpoint({"w": weights}, tmp_path / "parent.pt")
+    io.wait()
+    inherited = next(iter(io._pool._buffers.values()))
+    address = inherited.data_ptr()
+
+    def save_in_child() -> str:
+        # The same tensor again: reusing the inherited buffer would crash the child (SIGSEGV), it is not mapped
+        # here. (No tensor math in the child: OpenMP's thread pool does not survive fork().)
+        io.save_checkpoint({"w": weights}, tmp_path / "child.pt")
+        io.wait()
+        reused = any(buffer is inherited for buffer in io._pool._buffers.values())
+        return f"saved, reused={reused}"
+
+    assert _in_child(save_in_child) == "saved, reused=False"
+    assert torch.equal(torch.load(tmp_path / "child.pt")["w"], weights)
+    assert torch.equal(torch.load(tmp_path / "parent.pt")["w"], weights)
+    assert _mapped(address), "the parent's buffer was not unmapped by the child"
