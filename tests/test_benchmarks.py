@@ -190,3 +190,16 @@ def test_loader_state_smoke_times_the_capture_and_both_saves() -> None:
         target = rf"target: loader state adds < 1 ms to fabric.save \({case}\) -> capture \+ serialize median [\d.]+ ms"
         assert re.search(target, out), out
     _assert_ratio_row(out, "fabric.save with loader")
+
+
+@pytest.mark.multiprocess
+def test_loader_overhead_smoke_compares_raw_fabric_and_lightning_per_batch_and_per_epoch_start() -> None:
+    result = _run("loader_overhead.py", "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.startswith("machine: ") and re.search(r"^load avg [\d.]+ at start$", out, re.MULTILINE), out
+    assert "Per batch, num_workers=0" in out and "Epoch start (iter to first batch), num_workers=2" in out, out
+    for label in ("fabric", "fabric freeze_gc"):
+        _assert_ratio_row(out, label)
+    assert re.search(r"^ratio fabric / raw per batch: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=2\)", out, re.M), out
+    assert re.search(r"^target: fabric epoch start <= raw \+ 0.5 ms -> [+-][\d.]+ ms: (PASS|FAIL)", out, re.M), out
