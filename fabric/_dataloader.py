@@ -251,6 +251,7 @@ class _StepWatch:
 
     def add_loader(self, loader: _FabricDataLoader) -> None:
         """Tell this loader about every later step."""
+        self._loaders = [ref for ref in self._loaders if ref() is not None]
         self._loaders.append(weakref.ref(loader))
         self.attach()
 

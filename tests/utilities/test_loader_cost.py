@@ -199,6 +199,27 @@ def test_the_batch_in_hand_counts_once_a_step_has_followed_it(tmp_path: Path) ->
 
 
 @needs_torchdata
+def test_an_optimizer_set_up_after_the_loader_is_watched_from_the_next_epoch() -> None:
+    fabric = _fabric()
+    loader = fabric.setup_dataloaders(DataLoader(_Indexed(), batch_size=4))
+    model = nn.Linear(1, 1)
+    model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    iterator = iter(loader)
+    next(iterator)
+    assert loader.state_dict()["ranks"]["0"]["batches"] == 0
+    optimizer.step()
+    assert loader.state_dict()["ranks"]["0"]["batches"] == 1
+
+
+@needs_torchdata
+def test_a_loop_without_optimizers_counts_every_batch_given_out() -> None:
+    loader = _fabric().setup_dataloaders(DataLoader(_Indexed(), batch_size=4))
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    assert loader.state_dict()["ranks"]["0"]["batches"] == 2
+
+
+@needs_torchdata
 def test_a_loader_that_cannot_step_back_warns_when_saved_before_the_step() -> None:
     fabric = _fabric()
     model = nn.Linear(1, 1)
