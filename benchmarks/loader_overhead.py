@@ -7,7 +7,8 @@ in `round_order` (rotated, reversed every other round), and the per-round ratio 
   epoch start   num_workers=2: iter(loader) to the first batch (workers forked and started), and the whole short
                 epoch (--batches-mp batches) including the workers' shutdown; `fabric freeze_gc` is
                 setup_dataloaders(..., freeze_gc=True) with a parent heap of --heap-objects Python objects, which forked
-                workers would otherwise copy when they collect garbage
+                workers would otherwise copy when they collect garbage; and a last table with workers whose
+                worker_init_fn runs gc.collect(): raw vs fabric vs fabric freeze_gc (the stall freeze_gc removes)
 Targets (issue 21): per batch <= 1.01x raw; epoch start <= raw + 0.5 ms (median of the per-round differences).
 
 Run:  python benchmarks/loader_overhead.py [--rounds 9]
@@ -31,7 +32,14 @@ PER_BATCH_TARGET = 1.01
 EPOCH_START_TARGET_MS = 0.5
 
 
-def _loaders(samples: int, workers: int, with_freeze: bool) -> dict[str, Any]:
+def _collect_garbage(worker_id: int) -> None:
+    """A worker_init_fn: a full collection as soon as the worker starts, as a worker's own allocations may trigger."""
+    import gc
+
+    gc.collect()
+
+
+def _loaders(samples: int, workers: int, with_freeze: bool, init_fn: Any = None, peer: bool = True) -> dict[str, Any]:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -40,13 +48,15 @@ def _loaders(samples: int, workers: int, with_freeze: bool) -> dict[str, Any]:
     dataset = TensorDataset(torch.randn(samples, 16))
 
     def plain() -> DataLoader:
-        return DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers)
+        return DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers, worker_init_fn=init_fn)
 
     fabric = Fabric(accelerator="cpu", devices=1)
     loaders: dict[str, Any] = {"raw DataLoader": plain(), "fabric": fabric.setup_dataloaders(plain())}
     if with_freeze:
         loaders["fabric freeze_gc"] = fabric.setup_dataloaders(plain(), freeze_gc=True)
     try:
+        if not peer:
+            return loaders
         from lightning_fabric import Fabric as LightningFabric
     except ImportError:
         print("skipped: lightning_fabric: not importable here")
@@ -137,11 +147,25 @@ def main() -> int:
         start_ms = _difference(first[name], raw_first) * 1e3
         epoch_ms = _difference(whole[name], raw_whole) * 1e3
         print(f"{name}: {start_ms:+.2f} ms per epoch start, {epoch_ms:+.2f} ms per epoch (per-round medians)")
+    _gc_stall(rounds, args.batches_mp, len(heap))
     print(
         f"target: fabric epoch start <= raw + {EPOCH_START_TARGET_MS} ms -> {added:+.2f} ms: "
         f"{'PASS' if verdict else 'FAIL'} (median of per-round differences)"
     )
     return 0 if (ok and verdict) or args.smoke else 1
+
+
+def _gc_stall(rounds: int, batches: int, heap: int) -> None:
+    """The stall freeze_gc removes: workers whose first act is a full collection copy the parent's heap."""
+    loaders = _loaders(batches * BATCH, 2, with_freeze=True, init_fn=_collect_garbage, peer=False)
+    names = list(loaders)
+    first = {name: [s[0] for s in samples] for name, samples in _rounds(
+        names, rounds, lambda name: _epoch_start(loaders[name])
+    ).items()}  # fmt: skip
+    raw = first["raw DataLoader"]
+    title = f"Epoch start, workers that collect garbage first (worker_init_fn=gc.collect), parent heap {heap} objects"
+    print_table(title, [Row(name, first[name], None if name == names[0] else raw) for name in names], "ms", 1e3)
+    print_ratio("fabric freeze_gc / raw epoch start, collecting workers", first["fabric freeze_gc"], raw)
 
 
 if __name__ == "__main__":

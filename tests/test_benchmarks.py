@@ -202,4 +202,5 @@ def test_loader_overhead_smoke_compares_raw_fabric_and_lightning_per_batch_and_p
     for label in ("fabric", "fabric freeze_gc"):
         _assert_ratio_row(out, label)
     assert re.search(r"^ratio fabric / raw per batch: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=2\)", out, re.M), out
+    assert "Epoch start, workers that collect garbage first (worker_init_fn=gc.collect)" in out, out
     assert re.search(r"^target: fabric epoch start <= raw \+ 0.5 ms -> [+-][\d.]+ ms: (PASS|FAIL)", out, re.M), out
