@@ -144,7 +144,7 @@ class _FabricDataLoader:
         unused = self._steps is not None and self._steps.active and self._stepped_at < yielded
         used = yielded - 1 if unused else yielded
         # After the epoch's last batch the iterator has not raised StopIteration yet, but nothing is left: a boundary.
-        ended = getattr(iterator, "_finished", False) or used == _length(self._dataloader)
+        ended = used == _length(self._dataloader) or _asked_past_the_end(iterator)
         return not ended, used, unused
 
     def state_dict(self) -> dict[str, Any]:
@@ -198,6 +198,15 @@ class _FabricDataLoader:
         if dataloader is None:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         return getattr(dataloader, name)
+
+
+def _asked_past_the_end(iterator: Any) -> bool:
+    """Whether the loop asked for a batch after the epoch's last one (so it is done with every batch)."""
+    if getattr(iterator, "_finished", False):  # torchdata's iterators
+        return True
+    if getattr(iterator, "_num_workers", 0) == 0:  # torch's, in this process: its batch sampler ran out when asked
+        return getattr(getattr(iterator, "_sampler_iter", None), "exhausted", False)
+    return getattr(iterator, "_shutdown", False)  # torch's with workers (never persistent here): shut down at the end
 
 
 def _start(dataloader: DataLoader, freeze_gc: bool) -> Iterator[Any]:

@@ -87,6 +87,7 @@ class _BatchIterator(Iterator[list[int]]):
         self._indices: Iterator[int] | None = None
         self._start: torch.Tensor | None = None
         self.batches = 0
+        self.exhausted = False  # asked for a batch after the last one
 
     def __next__(self) -> list[int]:
         indices = self._indices
@@ -95,6 +96,7 @@ class _BatchIterator(Iterator[list[int]]):
             indices = self._indices = self._begin()
         batch = [*itertools.islice(indices, self._batch_size)]
         if not batch or (self._drop_last and len(batch) < self._batch_size):
+            self.exhausted = True
             raise StopIteration
         self.batches += 1
         return batch

@@ -5,8 +5,9 @@ sampler and of every worker after each batch, and at each epoch start a round tr
 index is sent (+6 ms with 2 workers). For the common loader (a map-style dataset without state of its own, batched
 from a sampler without state of its own) none of that is needed: the position inside an epoch is the number of
 batches taken, the RNG state the sampler drew its order from, and the seeds of the workers. This loader iterates
-with torch's own iterators and, when a save asks, writes that position in torchdata's format, so that
-``load_state_dict`` (torchdata's) resumes it, fast-forwarding the sampler without reading a sample.
+with torch's own iterators (torchdata's, without snapshots, for persistent workers) and, when a save asks, writes
+that position in torchdata's format, so that ``load_state_dict`` (torchdata's) resumes it, fast-forwarding the
+sampler without reading a sample.
 
 Any other loader (an IterableDataset, a dataset or sampler with ``state_dict``) keeps torchdata's behaviour.
 """
@@ -60,9 +61,12 @@ class _FabricStatefulDataLoader(StatefulDataLoader):
             # which stay as they are here.
             resumable = _ResumableBatchSampler(sampler.sampler, sampler.batch_size, sampler.drop_last)
             object.__setattr__(self, "batch_sampler", resumable)
-        self._plain = _plain_position(self.dataset, self.batch_sampler, self.in_order)
-        if self._plain:
+        self._on_demand = _plain_position(self.dataset, self.batch_sampler, self.in_order)
+        if self._on_demand:
             self.snapshot_every_n_steps = 0  # torchdata's per-batch snapshots: position_state replaces them
+        # torch's own iterators, except for persistent workers: torchdata's then tells when the loop asked past the
+        # end, and its epoch start costs what torch's does (both wait for every worker to resume).
+        self._plain = self._on_demand and not (self.persistent_workers and self.num_workers > 0)
         self._current: Any = None  # the iterator of the latest epoch, which a save reads
 
     def _get_iterator(self) -> Any:
@@ -84,20 +88,13 @@ class _FabricStatefulDataLoader(StatefulDataLoader):
         if state._initial_iter_for_state_dict:
             state._initial_iter_for_state_dict = False
             return state._iterator
-        if self.persistent_workers and self.num_workers > 0 and self.next_iter_state is None:
-            if state._iterator is None:
-                state._iterator = self._get_iterator()
-            else:
-                state._iterator._reset(self)
-                self._current = state._iterator
-            return state._iterator
         state._iterator = self._get_iterator()
         return state._iterator
 
     def position_state(self, batches: int) -> dict[str, Any] | None:
         """torchdata's state after `batches` batches of the current epoch, or None where only torchdata knows it."""
         iterator = self._current
-        if not self._plain or iterator is None or not isinstance(iterator._sampler_iter, _BatchIterator):
+        if not self._on_demand or iterator is None or not isinstance(iterator._sampler_iter, _BatchIterator):
             return None
         position = {**iterator._sampler_iter.state_dict(), "batches": batches}
         main = {

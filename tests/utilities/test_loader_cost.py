@@ -143,6 +143,41 @@ def test_mid_epoch_resume_with_the_position_computed_on_save(tmp_path: Path, wor
 
 
 @needs_torchdata
+@pytest.mark.parametrize("workers", [0, 2, "persistent"])
+def test_a_loop_that_ended_without_a_step_after_its_last_batch_saves_a_boundary(workers: Any) -> None:
+    fabric = _fabric()
+    model = nn.Linear(1, 1)
+    model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    persistent = workers == "persistent"
+    loader = fabric.setup_dataloaders(
+        DataLoader(_Indexed(), batch_size=4, num_workers=2 if persistent else workers, persistent_workers=persistent)
+    )
+    for epoch in range(2):
+        for index, _ in enumerate(loader):
+            if index % 3 == 2:  # gradient accumulation: no step after the epoch's last (10th) batch
+                optimizer.step()
+        state = loader.state_dict()["ranks"]["0"]
+        assert not state["mid_epoch"] and state["epoch"] == epoch + 1, "the loop was done with every batch"
+
+
+@needs_torchdata
+def test_persistent_workers_resume_mid_epoch(tmp_path: Path) -> None:
+    def setup() -> Any:
+        fabric = _fabric()
+        loader = DataLoader(_Indexed(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+        return fabric, fabric.setup_dataloaders(loader)
+
+    reference = [v for batch in setup()[1] for v in batch.flatten().tolist()]
+    fabric, loader = setup()
+    iterator = iter(loader)
+    first = [v for _ in range(4) for v in next(iterator).flatten().tolist()]
+    fabric.save(tmp_path / "ckpt", {"loader": loader})
+    fabric, resumed = setup()
+    fabric.load(tmp_path / "ckpt", {"loader": resumed})
+    assert first + [v for batch in resumed for v in batch.flatten().tolist()] == reference
+
+
+@needs_torchdata
 def test_a_dataset_with_its_own_state_keeps_torchdatas_position() -> None:
     loader = _fabric().setup_dataloaders(DataLoader(_WithState(), batch_size=4, shuffle=True))
     assert loader.dataloader.position_state(0) is None
