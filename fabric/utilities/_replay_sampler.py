@@ -115,6 +115,9 @@ class _BatchIterator(Iterator[list[int]]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Draw the saved epoch's order again and skip the batches already cut, reading no data."""
+        if "samples_yielded" in state:  # saved by torchdata's BatchSampler (fabric before it computed positions)
+            inner_state = state.get("sampler_iter_state") or {}
+            state = {"start": inner_state.get("start"), "batches": state["samples_yielded"] // self._batch_size}
         self._start, self.batches = state["start"], state["batches"]
         skip = self.batches * self._batch_size
         sampler = self._sampler

@@ -177,6 +177,20 @@ def test_persistent_workers_resume_mid_epoch(tmp_path: Path) -> None:
     assert first + [v for batch in resumed for v in batch.flatten().tolist()] == reference
 
 
+def test_a_position_saved_in_torchdatas_batch_sampler_format_still_loads() -> None:
+    from torch.utils.data import RandomSampler
+
+    from fabric.utilities._replay_sampler import _BatchIterator, _ReplaySampler
+
+    sampler = _ReplaySampler(RandomSampler(range(20)))
+    start = torch.get_rng_state()
+    expected = [*RandomSampler(range(20))][8:12]
+    iterator = _BatchIterator(sampler, 4, drop_last=False)
+    # What fabric saved before: torchdata's BatchSampler state around the replay sampler's own.
+    iterator.load_state_dict({"samples_yielded": 8, "sampler_iter_state": {"start": start, "yielded": 8}})
+    assert next(iterator) == expected and iterator.batches == 3
+
+
 @needs_torchdata
 def test_a_dataset_with_its_own_state_keeps_torchdatas_position() -> None:
     loader = _fabric().setup_dataloaders(DataLoader(_WithState(), batch_size=4, shuffle=True))
