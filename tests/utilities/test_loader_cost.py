@@ -290,26 +290,31 @@ def _gc_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("freeze_gc", "workers", "context", "expected"),
+    ("freeze_gc", "workers", "expected"),
     [
-        (True, 2, "fork", ["freeze", "unfreeze"] * 2),
-        (False, 2, "fork", []),  # the default: the process's GC is left alone
-        (True, 0, None, []),  # no workers, nothing forked
-        (True, 2, "spawn", []),  # spawned workers share nothing with this process
+        (True, 2, ["freeze", "unfreeze"] * 2),  # around each epoch's fork
+        (False, 2, []),  # the default: the process's GC is left alone
+        (True, 0, []),  # no workers, nothing forked
     ],
 )
 def test_freeze_gc_freezes_only_around_forking_workers_when_asked(
-    monkeypatch: pytest.MonkeyPatch, freeze_gc: bool, workers: int, context: str | None, expected: list[str]
+    monkeypatch: pytest.MonkeyPatch, freeze_gc: bool, workers: int, expected: list[str]
 ) -> None:
     calls = _gc_calls(monkeypatch)
-    mp_context = multiprocessing.get_context(context) if context else None
-    # `spawn` pickles the dataset for each worker; the spy only needs the loader to start iterating.
-    loader = DataLoader(_Indexed(), batch_size=4, num_workers=workers, multiprocessing_context=mp_context)
-    fabric = _fabric()
-    loader = fabric.setup_dataloaders(loader, freeze_gc=freeze_gc)
+    context = "fork" if workers else None
+    loader = DataLoader(_Indexed(), batch_size=4, num_workers=workers, multiprocessing_context=context)
+    loader = _fabric().setup_dataloaders(loader, freeze_gc=freeze_gc)
     for _ in range(2):
         iter(loader)
     assert calls == expected
+
+
+@pytest.mark.parametrize(("context", "forks"), [("fork", True), ("spawn", False), ("forkserver", False)])
+def test_only_the_fork_start_method_counts_as_forking(context: str, forks: bool) -> None:
+    from fabric._dataloader import _forks_workers
+
+    for given in (context, multiprocessing.get_context(context)):
+        assert _forks_workers(DataLoader(_Indexed(), num_workers=2, multiprocessing_context=given)) is forks
 
 
 def test_freeze_gc_leaves_a_heap_the_program_froze_itself(monkeypatch: pytest.MonkeyPatch) -> None:
