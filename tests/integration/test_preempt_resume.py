@@ -2,7 +2,8 @@
 top of its body (docs/preemption.md) or after optimizer.step(), the resumed run ends with the weights of the
 uninterrupted run, bit for bit, having trained on exactly the batches the stopped run did not.
 
-scripts/preempt_resume.py: rank 0 gets SIGTERM after step 4; both ranks save at the same check and exit 0.
+scripts/preempt_resume.py (a shuffled loader with 2 workers per rank): rank 0 gets SIGTERM after step 4; both ranks
+save at the same check and exit 0.
 """
 
 from __future__ import annotations

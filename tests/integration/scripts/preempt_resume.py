@@ -48,7 +48,8 @@ def train(fabric: Fabric, outdir: Path, run: str, placement: str) -> dict[str, A
     fabric.seed_everything(11)
     model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 1))
     model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
-    loader = fabric.setup_dataloaders(DataLoader(Indexed(), batch_size=BATCH, shuffle=True))
+    # Worker processes: the position computed on save holds their seeds and which worker gives the next batch.
+    loader = fabric.setup_dataloaders(DataLoader(Indexed(), batch_size=BATCH, shuffle=True, num_workers=2))
     state: dict[str, Any] = {"model": model, "optimizer": optimizer, "loader": loader, "step": 0}
     checkpoint = outdir / f"ckpt_{placement}"
     if run == "resume":
