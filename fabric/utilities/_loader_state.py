@@ -62,12 +62,19 @@ def make_stateful(loader: DataLoader) -> DataLoader:
     values["shuffle"] = False
     if type(values["sampler"]) in _RANDOM_PER_ITER:
         values["sampler"] = _ReplaySampler(values["sampler"])
-    from fabric.utilities._stateful_loader import _FabricStatefulDataLoader
-
     with warnings.catch_warnings():
         # torchdata 0.11 calls torch.set_vital, which torch now deprecates; nothing the user can act on.
         warnings.filterwarnings("ignore", message=".*set_vital.*")
-        return _FabricStatefulDataLoader(**values)
+        return _on_demand_class(stateful)(**values)
+
+
+def _on_demand_class(stateful: type[DataLoader]) -> type[DataLoader]:
+    """fabric's StatefulDataLoader that computes its position on a save (see _stateful_loader.py), else `stateful`."""
+    try:
+        from fabric.utilities._stateful_loader import _FabricStatefulDataLoader
+    except ImportError:  # it reads torchdata 0.11's state format: a torchdata that moved those names keeps its own
+        return stateful
+    return _FabricStatefulDataLoader
 
 
 def inner_state(loader: DataLoader, batches: int, unused: bool) -> dict[str, Any]:
