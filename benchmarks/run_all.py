@@ -33,6 +33,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         cpu.append(["collective_record_overhead.py", "--smoke"])
         cpu.append(["loader_state.py", "--smoke"])
         cpu.append(["fork_after_async.py", "--smoke"])
+        cpu.append(["loader_overhead.py", "--smoke"])
         gpu = [
             ["cuda_precision.py", "--device", "cpu", "--smoke"],
             ["gpu_memory_and_speed.py", "--device", "cpu", "--smoke"],
@@ -51,6 +52,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         ["uneven_all_gather.py", *rounds, *peer],
         ["collective_record_overhead.py", *rounds, *peer],
         ["loader_state.py", *peer],  # repetitions, not rounds: --reps (default 200)
+        ["loader_overhead.py", "--rounds", str(max(args.rounds, 9)), *peer],
     ]
     if args.cuda:
         scripts.append(["cuda_precision.py", "--rounds", str(max(1, args.rounds // 2 + 1)), *peer])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,10 @@ def _sampler_generator_state(dataloader: DataLoader) -> torch.Tensor | None:
 
 
 class _FabricDataLoader:
-    """Wraps a DataLoader: tells its sampler the epoch and moves each batch to the device."""
+    """Wraps a DataLoader: tells its sampler the epoch and moves each batch to the device.
+
+    Nothing runs per batch beyond the move: a save reads the position from the loader's own iterator.
+    """
 
     def __init__(
         self,
@@ -62,15 +66,25 @@ class _FabricDataLoader:
         self._device = device
         self._move_fn = move_fn
         self._epoch = 0
-        # Whether the latest iteration has batches left: then a saved state is a position inside that epoch.
-        self._mid_epoch = False
-        self._batches = 0  # batches yielded in the latest iteration (for messages; the loader keeps its own count)
+        # The loader's iterator of the latest epoch: how many batches it gave, and whether it ended, is the position.
+        self._current: Iterator[Any] | None = None
         self._rank = rank
         self._world_size = world_size
         # torch's global RNG state from a loaded state, and whether it is put back after the iterator exists.
         self._pending_rng: tuple[torch.Tensor, bool] | None = None
         # A DataLoader forbids replacing its sampler after construction, so the lookup is done once.
         self._set_epoch = _find_set_epoch(dataloader)
+        # Set by setup_dataloaders (see _configure): gc.freeze() around forking workers, and the optimizer steps.
+        self._freeze_gc = False
+        self._steps: _StepWatch | None = None
+        self._stepped_at = 0  # batches of the latest epoch given out when an optimizer last stepped
+
+    def _configure(self, freeze_gc: bool, steps: _StepWatch | None) -> None:
+        """Options of setup_dataloaders that the strategy's processing does not see."""
+        self._freeze_gc = freeze_gc
+        self._steps = steps
+        if steps is not None:
+            steps.add_loader(self)
 
     @property
     def device(self) -> torch.device | None:
@@ -96,24 +110,42 @@ class _FabricDataLoader:
         if self._set_epoch is not None:
             self._set_epoch(self._epoch)
         self._epoch += 1
-        self._mid_epoch = True
-        self._batches = 0
+        self._stepped_at = 0
+        if self._steps is not None:
+            self._steps.attach()  # optimizers set up after this loader
         pending, self._pending_rng = self._pending_rng, None
         if pending is not None and not pending[1]:
             torch.set_rng_state(pending[0])  # a new epoch draws its order from the saved global state
-        iterator = iter(self._dataloader)
+        iterator = _start(self._dataloader, self._freeze_gc)
+        self._current = iterator
         if pending is not None and pending[1]:
             # After the iterator exists: creating it draws from the global RNG, which the saved run did not.
             torch.set_rng_state(pending[0])
-        return self._tracked(iterator, self._device)
+        device, move_fn = self._device, self._move_fn
+        if device is None or move_fn is None:
+            return iterator  # the loader's own iterator: a plain loop pays nothing per batch
+        return (move_fn(batch, device) for batch in iterator)
 
-    def _tracked(self, iterator: Iterator[Any], device: torch.device | None) -> Iterator[Any]:
-        # Counts batches and notes the end of the epoch, so that a state saved now knows where it is.
-        move_fn = self._move_fn
-        for batch in iterator:
-            self._batches += 1
-            yield batch if device is None or move_fn is None else move_fn(batch, device)
-        self._mid_epoch = False
+    def _yielded(self) -> int:
+        return getattr(self._current, "_num_yielded", 0)
+
+    def _on_step(self) -> None:
+        # Called after every optimizer step (see _StepWatch): the batch given out last has been used.
+        self._stepped_at = self._yielded()
+
+    def _position(self) -> tuple[bool, int, bool]:
+        """(inside an epoch, batches the loop has used, whether the batch given out last is left out of them)."""
+        iterator = self._current
+        if iterator is None:
+            return False, 0, False
+        yielded = self._yielded()
+        # A batch the loop holds but no optimizer step has used yet (a preemption check at the top of the loop
+        # body) is not counted: a resumed run gives it again. Only in a loop whose fabric has optimizers.
+        unused = self._steps is not None and self._steps.active and self._stepped_at < yielded
+        used = yielded - 1 if unused else yielded
+        # After the epoch's last batch the iterator has not raised StopIteration yet, but nothing is left: a boundary.
+        ended = used == _length(self._dataloader) or _asked_past_the_end(iterator)
+        return not ended, used, unused
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's position: the epoch, and inside it the loader's own state (torchdata's StatefulDataLoader).
@@ -124,15 +156,14 @@ class _FabricDataLoader:
 
         if not _loader_state.is_stateful(self._dataloader):
             raise _loader_state.unsupported(self._dataloader)
-        # After the epoch's last batch the iterator has not raised StopIteration yet, but nothing is left: a boundary.
-        mid_epoch = self._mid_epoch and self._batches != _length(self._dataloader)
+        mid_epoch, batches, unused = self._position()
         state: dict[str, Any] = {
             # Inside an epoch: the epoch being read. At a boundary: the epoch the next iteration starts.
             "epoch": self._epoch - 1 if mid_epoch else self._epoch,
             "mid_epoch": mid_epoch,
-            "batches": self._batches if mid_epoch else 0,
+            "batches": batches if mid_epoch else 0,
             "fingerprint": _loader_state.fingerprint(self._dataloader),
-            "loader": self._dataloader.state_dict() if mid_epoch else None,  # type: ignore[attr-defined]
+            "loader": _loader_state.inner_state(self._dataloader, batches, unused) if mid_epoch else None,
             "generator": None if mid_epoch else _sampler_generator_state(self._dataloader),
             # A shuffling sampler without a generator draws every later epoch from torch's global RNG, as in PyTorch.
             "global_rng": torch.get_rng_state() if _loader_state.draws_from_global_rng(self._dataloader) else None,
@@ -152,8 +183,7 @@ class _FabricDataLoader:
         ignore = ("seed",) if changed else ()
         _loader_state.check_fingerprint(state["fingerprint"], _loader_state.fingerprint(self._dataloader), ignore)
         self._epoch = state["epoch"]
-        self._mid_epoch = False
-        self._batches = 0
+        self._current = None
         # An empty dict drops any iterator in flight: the next iteration starts the epoch afresh.
         self._dataloader.load_state_dict(state["loader"] if state["mid_epoch"] else {})  # type: ignore[attr-defined]
         if state["generator"] is not None:
@@ -168,3 +198,83 @@ class _FabricDataLoader:
         if dataloader is None:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         return getattr(dataloader, name)
+
+
+def _asked_past_the_end(iterator: Any) -> bool:
+    """Whether the loop asked for a batch after the epoch's last one (so it is done with every batch)."""
+    if getattr(iterator, "_finished", False):  # torchdata's iterators
+        return True
+    if getattr(iterator, "_num_workers", 0) == 0:  # torch's, in this process: its batch sampler ran out when asked
+        return getattr(getattr(iterator, "_sampler_iter", None), "exhausted", False)
+    return getattr(iterator, "_shutdown", False)  # torch's with workers (never persistent here): shut down at the end
+
+
+def _start(dataloader: DataLoader, freeze_gc: bool) -> Iterator[Any]:
+    """iter(dataloader); with freeze_gc, under gc.freeze() when that starts worker processes by forking."""
+    if not freeze_gc or not _forks_workers(dataloader):
+        return iter(dataloader)
+    import gc
+
+    if gc.get_freeze_count():  # the program froze its heap itself: leave the collector to it
+        return iter(dataloader)
+    # A forked worker that collects garbage touches every object the parent had tracked, and so copies most of
+    # the parent's heap page by page (~100 ms per epoch start). Frozen objects are never scanned, in the workers
+    # either; the parent unfreezes them at once, so its own collections are as before.
+    gc.freeze()
+    try:
+        return iter(dataloader)
+    finally:
+        gc.unfreeze()
+
+
+def _forks_workers(dataloader: DataLoader) -> bool:
+    """Whether iterating starts worker processes with the fork start method."""
+    if dataloader.num_workers == 0:
+        return False
+    import multiprocessing
+
+    context = dataloader.multiprocessing_context
+    if context is None:  # the default, read without fixing it (get_start_method() would)
+        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    else:
+        method = context.get_start_method() if hasattr(context, "get_start_method") else str(context)
+    return method == "fork"
+
+
+class _StepWatch:
+    """Tells the loaders of one Fabric when an optimizer it set up has stepped (torch's step post-hook).
+
+    A loader counts the batch it gave out last only once a step has followed it, so that a save made before the
+    step (a preemption check at the top of the loop body) resumes with that batch. One Python call per step.
+    """
+
+    def __init__(self, optimizers: Callable[[], list[Any]]) -> None:
+        self._optimizers = optimizers  # the optimizers set up so far, read again at each epoch start
+        self._hooked: dict[int, Any] = {}  # id(optimizer) -> (weak reference, hook handle)
+        self._loaders: list[weakref.ref[_FabricDataLoader]] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether an optimizer is watched: only then does a step say that a batch was used."""
+        return any(ref() is not None for ref, _ in self._hooked.values())
+
+    def add_loader(self, loader: _FabricDataLoader) -> None:
+        """Tell this loader about every later step."""
+        self._loaders = [ref for ref in self._loaders if ref() is not None]
+        self._loaders.append(weakref.ref(loader))
+        self.attach()
+
+    def attach(self) -> None:
+        """Hook every optimizer set up so far that is not hooked yet."""
+        for optimizer in self._optimizers():
+            known = self._hooked.get(id(optimizer))
+            register = getattr(optimizer, "register_step_post_hook", None)  # torch optimizers have it
+            if callable(register) and (known is None or known[0]() is not optimizer):
+                handle = register(self._stepped)
+                self._hooked[id(optimizer)] = (weakref.ref(optimizer), handle)
+
+    def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        for ref in self._loaders:
+            loader = ref()
+            if loader is not None:
+                loader._on_step()

@@ -298,6 +298,7 @@ class Fabric:
         use_distributed_sampler: bool = True,
         move_to_device: bool = True,
         even_batches: bool = True,
+        freeze_gc: bool = False,
     ) -> Any:
         """Shard each loader across processes (via the strategy), seed its workers, move batches to the device.
 
@@ -312,14 +313,30 @@ class Fabric:
                 evaluation); processes may then get one batch fewer than others, so the loop over such a loader
                 must not call collectives per batch (no `fabric.backward` under DDP, no `all_gather` per batch):
                 collect locally and gather or reduce after the loop. See docs/exact_evaluation.md.
+            freeze_gc: `gc.freeze()` while worker processes are forked at each epoch start, `gc.unfreeze()` right
+                after: forked workers then never scan (and so never copy) the objects of this process. Only with
+                `num_workers > 0` and the fork start method; see docs/dataloaders.md.
         """
         self._validate_launched("setup_dataloaders")
         if not dataloaders:
             raise FabricTypeError("fabric.setup_dataloaders(): no DataLoader was passed. Pass at least one.")
+        if not isinstance(freeze_gc, bool):
+            raise FabricTypeError(
+                f"fabric.setup_dataloaders(freeze_gc={freeze_gc!r}): freeze_gc is a switch. Pass True or False."
+            )
         loaders = [
             _setup.setup_dataloader(self._strategy, d, use_distributed_sampler, move_to_device, even_batches)
             for d in dataloaders
         ]
+        # One watch per Fabric: its optimizers' steps tell each loader which batch the loop has used (docs/resume.md).
+        steps = self.__dict__.get("_loader_steps")
+        if steps is None:
+            from fabric._dataloader import _StepWatch
+
+            refs = self._setup_record._optimizers  # the user's optimizers that setup() saw, by weak reference
+            steps = self._loader_steps = _StepWatch(lambda: [o for ref in refs.values() if (o := ref()) is not None])
+        for loader in loaders:
+            loader._configure(freeze_gc, steps)
         return loaders[0] if len(loaders) == 1 else loaders
 
     def _wrap_module(self, forward_module: Module, original: Module, moved: bool, user_module: Module) -> _FabricModule:

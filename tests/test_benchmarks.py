@@ -222,3 +222,17 @@ def test_per_round_ratio_lines_become_a_panel_that_marks_the_noise(capsys: pytes
     points, band = chart.chart_points(table)
     assert band is None and [p.label for p in points] == ["fabric all_reduce 4 KB", "lightning_fabric all_reduce 4 KB"]
     assert points[0].low <= 1.0 <= points[0].high and points[1].ratio == pytest.approx(2.0)
+
+
+@pytest.mark.multiprocess
+def test_loader_overhead_smoke_compares_raw_fabric_and_lightning_per_batch_and_per_epoch_start() -> None:
+    result = _run("loader_overhead.py", "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.startswith("machine: ") and re.search(r"^load avg [\d.]+ at start$", out, re.MULTILINE), out
+    assert "Per batch, num_workers=0" in out and "Epoch start (iter to first batch), num_workers=2" in out, out
+    for label in ("fabric", "fabric freeze_gc"):
+        _assert_ratio_row(out, label)
+    assert re.search(r"^ratio fabric / raw per batch: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=2\)", out, re.M), out
+    assert "Epoch start, workers that collect garbage first (worker_init_fn=gc.collect)" in out, out
+    assert re.search(r"^target: fabric epoch start <= raw \+ 0.5 ms -> [+-][\d.]+ ms: (PASS|FAIL)", out, re.M), out

@@ -65,7 +65,37 @@ def make_stateful(loader: DataLoader) -> DataLoader:
     with warnings.catch_warnings():
         # torchdata 0.11 calls torch.set_vital, which torch now deprecates; nothing the user can act on.
         warnings.filterwarnings("ignore", message=".*set_vital.*")
-        return stateful(**values)
+        return _on_demand_class(stateful)(**values)
+
+
+def _on_demand_class(stateful: type[DataLoader]) -> type[DataLoader]:
+    """fabric's StatefulDataLoader that computes its position on a save (see _stateful_loader.py), else `stateful`."""
+    try:
+        from fabric.utilities._stateful_loader import _FabricStatefulDataLoader
+    except ImportError:  # it reads torchdata 0.11's state format: a torchdata that moved those names keeps its own
+        return stateful
+    return _FabricStatefulDataLoader
+
+
+def inner_state(loader: DataLoader, batches: int, unused: bool) -> dict[str, Any]:
+    """The stateful loader's own state after `batches` batches of its current epoch.
+
+    fabric's loader computes it now (see _stateful_loader.py); any other StatefulDataLoader reports the batches
+    it gave out, which is one more than `batches` when the loop has not used the last one (`unused`).
+    """
+    position = getattr(loader, "position_state", None)
+    state = position(batches) if position is not None else None
+    if state is not None:
+        return state
+    if unused:
+        warnings.warn(
+            f"fabric.save(state with a loader): the loop holds a batch that no optimizer step has used yet (the "
+            f"save came before optimizer.step()), and this {type(loader).__name__} (an IterableDataset, or a "
+            "dataset or sampler with a state of its own) can only save a position after it, so a resumed run "
+            "starts after that batch. Save after optimizer.step() (read fabric.preempted there).",
+            stacklevel=4,
+        )
+    return loader.state_dict()  # type: ignore[attr-defined]
 
 
 def draws_from_global_rng(loader: DataLoader) -> bool:
