@@ -1,35 +1,42 @@
-"""Per-step overhead of fabric (and, with --peer-python, Lightning Fabric and Accelerate) over raw PyTorch.
+"""Per-step overhead of fabric and Lightning Fabric over raw PyTorch, on one CPU process with one thread.
 
-One training step is forward, loss, zero_grad, backward, optimizer step, on one CPU process with one thread.
-Cases: a tiny MLP (wrapper cost dominates) and a mid-size MLP, fed from pre-made tensors; and the tiny MLP fed
-by a DataLoader (through `setup_dataloaders` / `prepare`, or raw). Every contender runs in its own fresh
-process: warmup, then R repeats of K timed steps. Contenders run round-robin for several rounds; the table
-shows the median per-step time over all repeats and its ratio to raw PyTorch in the same interpreter.
+One training step is forward, loss, zero_grad, backward, optimizer step. Cases: a tiny MLP (wrapper cost
+dominates) and a mid-size MLP, fed from pre-made tensors; and the tiny MLP fed by a DataLoader (through
+`setup_dataloaders`, or raw). Each case runs in one fresh process holding every contender (raw torch, fabric,
+and Lightning Fabric / Accelerate where this interpreter can import them), each with its own copy of the same
+model: rounds interleave them block by block, in an order that rotates and reverses every round, so a slow
+phase of the machine hits all of them. Each round gives one per-step time per contender (the median of its
+blocks); the ratio to raw is reported as the median and p25-p75 band of the per-round ratios.
 
-Run:  python benchmarks/step_overhead.py [--rounds 5] [--peer-python /path/to/bench-venv/bin/python]
+Run:  python benchmarks/step_overhead.py [--rounds 15]
       python benchmarks/step_overhead.py --profile 2000    # cProfile 2000 fabric steps of the tiny MLP
+      python benchmarks/step_overhead.py --smoke           # a quick run of the code paths: no numbers to keep
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from _common import Row, check_target, emit, print_table, run_json
+from _common import MIN_ROUNDS, Row, emit, load_line, print_ratio, print_table, round_order, run_json
 from _common import contenders as common_contenders
 
-# name -> (layer widths, batch size, warmup steps, repeats, steps per repeat)
-MODELS: dict[str, tuple[tuple[int, ...], int, int, int, int]] = {
-    "tiny": ((32, 64, 64, 10), 32, 300, 60, 50),
-    "mid": ((1024, 4096, 4096, 1024), 64, 2, 5, 3),
+# name -> (layer widths, batch size, steps per block, blocks per round and contender)
+MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {
+    "tiny": ((32, 64, 64, 10), 32, 50, 5),
+    "mid": ((1024, 4096, 4096, 1024), 64, 3, 1),
 }
+SMOKE_MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {"tiny": ((32, 64, 64, 10), 32, 5, 1)}
 BENCHES = (("tiny", "tensors"), ("tiny", "loader"), ("mid", "tensors"))
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-TARGET = 1.03
+TARGET = 1.02
+RAW = "raw torch"
+FRAMEWORK_LABELS = {"raw": RAW, "fabric": "fabric", "lightning_fabric": "lightning_fabric", "accelerate": "accelerate"}
 
 
 def make_mlp(widths: tuple[int, ...]) -> Any:
@@ -42,14 +49,12 @@ def make_mlp(widths: tuple[int, ...]) -> Any:
     return nn.Sequential(*layers)
 
 
-def _build(framework: str, model_name: str, variant: str, steps: int) -> tuple[Callable[[], None], Any]:
-    """Set up model, optimizer and data with `framework`; return a function running one repeat of `steps`."""
+def _build(framework: str, widths: tuple[int, ...], batch: int, variant: str, steps: int) -> Callable[[], None]:
+    """Set up model, optimizer and data with `framework`; return a function running `steps` training steps."""
     import torch
     from torch.nn.functional import cross_entropy
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    widths, batch = MODELS[model_name][:2]
+    torch.manual_seed(0)  # every contender starts from the same weights and data
     model: Any = make_mlp(widths)
     optimizer: Any = torch.optim.SGD(model.parameters(), lr=1e-3)
     xs = torch.randn(steps * batch, widths[0])
@@ -62,8 +67,7 @@ def _build(framework: str, model_name: str, variant: str, steps: int) -> tuple[C
 
     backward: Callable[[Any], None] = lambda loss: loss.backward()  # noqa: E731
     if framework in ("fabric", "lightning_fabric"):
-        Fabric = __import__(framework).Fabric
-        fab = Fabric(accelerator="cpu", devices=1)
+        fab = __import__(framework).Fabric(accelerator="cpu", devices=1)
         model, optimizer = fab.setup(model, optimizer)
         loader = fab.setup_dataloaders(loader) if loader is not None else None
         backward = fab.backward
@@ -88,43 +92,95 @@ def _build(framework: str, model_name: str, variant: str, steps: int) -> tuple[C
         for x, y in loader if loader is not None else batches:
             step(x, y)
 
-    return run, model
+    return run
 
 
-def worker(framework: str, model_name: str, variant: str) -> None:
-    """Runs in a fresh process: warm up, time the repeats, print per-step seconds as JSON."""
+def interleave(
+    runs: dict[str, Callable[[], None]], steps: int, blocks: int, rounds: int, between: Callable[[], None] | None = None
+) -> dict[str, list[float]]:
+    """Per contender, one per-step time (s) per round: the median of `blocks` timed runs of `steps` steps.
+
+    `between` runs before each timed block, untimed (a barrier, so that ranks start a block together).
+    """
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for r in range(rounds):
+        for name in round_order(list(runs), r):
+            times = []
+            for _ in range(blocks):
+                if between is not None:
+                    between()
+                start = time.perf_counter()
+                runs[name]()
+                times.append((time.perf_counter() - start) / steps)
+            samples[name].append(statistics.median(times))
+    return samples
+
+
+def worker(model_name: str, variant: str, rounds: int, frameworks: str, smoke: bool) -> None:
+    """Runs in a fresh process: build every contender, warm up, interleave the rounds, print JSON."""
     import torch
 
-    _, _, warmup, repeats, steps = MODELS[model_name]
-    run, _ = _build(framework, model_name, variant, steps)
-    for _ in range(max(1, round(warmup / steps))):
-        run()
-    per_step = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        per_step.append((time.perf_counter() - start) / steps)
-    emit({"per_step_s": per_step, "threads": torch.get_num_threads()})
+    torch.set_num_threads(1)
+    widths, batch, steps, blocks = (SMOKE_MODELS if smoke else MODELS)[model_name]
+    runs = {fw: _build(fw, widths, batch, variant, steps) for fw in frameworks.split(",")}
+    for run in runs.values():  # warm up: allocator, autograd graph caches, lazy imports
+        for _ in range(1 if smoke else max(2, 300 // steps)):
+            run()
+    emit({"samples": interleave(runs, steps, blocks, rounds), "threads": torch.get_num_threads()})
+
+
+def importable_frameworks(peer_arg: str | None) -> list[str]:
+    """raw, fabric and the peers this interpreter imports (all contenders share one process, so one interpreter);
+    prints the machine line, and why a peer is left out."""
+    rows = common_contenders(RAW, peer_arg)
+    here = [fw for _, py, fw, _ in rows if py == sys.executable]
+    for _, py, fw, _ in rows:
+        if py != sys.executable and fw != "raw":
+            print(f"skipped: {fw}: importable only by {py}; the contenders share one process (one interpreter)")
+    return list(dict.fromkeys(here))
+
+
+def report(title: str, samples: dict[str, list[float]], target: float, raw_label: str = RAW) -> bool:
+    """The table, then per contender its ratio band to raw and its per-step difference; whether fabric met target."""
+    base = samples["raw"]
+    labels = FRAMEWORK_LABELS | {"raw": raw_label}
+    rows = [Row(labels[fw], s, None if fw == "raw" else base) for fw, s in samples.items()]
+    print_table(title, rows, "us/step", 1e6)
+    ok = True
+    for fw, s in samples.items():
+        if fw == "raw":
+            continue
+        met = print_ratio(f"{fw} / raw", s, base, target if fw == "fabric" else None)
+        ok &= met or fw != "fabric"
+        diffs = [a - b for a, b in zip(s, base, strict=True)]
+        print(f"difference {fw} - raw: {statistics.median(diffs) * 1e6:+.1f} us/step (median of the rounds)")
+    return ok
 
 
 def profile(n_steps: int) -> None:
     """cProfile `n_steps` fabric steps of the tiny MLP; print the fabric-owned functions by cumulative time."""
     import cProfile
     import pstats
+
+    widths, batch = MODELS["tiny"][:2]
+    run = _build("fabric", widths, batch, "tensors", n_steps)
+    run()  # warm
+    prof = cProfile.Profile()
+    prof.runcall(run)
+    print_profile(pstats.Stats(prof), n_steps, "fabric steps (tiny MLP, 1 thread)")
+
+
+def print_profile(stats: Any, n_steps: int, what: str) -> None:
+    """The fabric-owned functions of a cProfile run, per step, by cumulative time."""
     from pathlib import Path
 
     import fabric
 
-    run, _ = _build("fabric", "tiny", "tensors", n_steps)
-    run()  # warm
-    prof = cProfile.Profile()
-    prof.runcall(run)
-    stats = pstats.Stats(prof)
     root = str(Path(fabric.__file__).parent)
-    own = [(k, v) for k, v in stats.stats.items() if k[0].startswith(root)]  # type: ignore[attr-defined]
-    total = stats.total_tt  # type: ignore[attr-defined]
+    own = [(k, v) for k, v in stats.stats.items() if k[0].startswith(root)]
+    total = stats.total_tt
     self_time = sum(v[2] for _, v in own)
-    print(f"cProfile, {n_steps} fabric steps (tiny MLP, 1 thread): {total * 1e6 / n_steps:.1f} us/step profiled,")
+    print(f"cProfile, {n_steps} {what}: {total * 1e6 / n_steps:.1f} us/step profiled,")
     print(f"fabric-owned self time {self_time * 1e6 / n_steps:.2f} us/step ({self_time / total:.1%} of profiled)")
     print(f"{'function':<60} {'calls/step':>10} {'self us/step':>13} {'cum us/step':>12}")
     for (file, line, name), (_, ncalls, tt, ct, _) in sorted(own, key=lambda kv: -kv[1][3])[:15]:
@@ -132,39 +188,49 @@ def profile(n_steps: int) -> None:
         print(f"{where:<60} {ncalls / n_steps:>10.1f} {tt * 1e6 / n_steps:>13.2f} {ct * 1e6 / n_steps:>12.2f}")
 
 
-def main() -> int:
+def rounds_to_run(args: argparse.Namespace) -> int:
+    """--rounds, raised to the reporting rule's minimum unless --smoke."""
+    if args.smoke:
+        return 2
+    if args.rounds < MIN_ROUNDS:
+        print(f"--rounds {args.rounds} raised to {MIN_ROUNDS}: fewer rounds cannot show a 2% band")
+    return max(args.rounds, MIN_ROUNDS)
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds (a fresh process each)")
-    parser.add_argument("--peer-python", help="interpreter with lightning-fabric and accelerate installed")
+    parser.add_argument("--rounds", type=int, default=15, help=f"interleaved rounds (at least {MIN_ROUNDS})")
+    parser.add_argument("--peer-python", help="accepted for run_all; peers run only if this interpreter has them")
     parser.add_argument("--profile", type=int, metavar="STEPS", help="only profile fabric on the tiny MLP")
-    parser.add_argument("--worker", nargs=3, metavar=("FRAMEWORK", "MODEL", "VARIANT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="2 short rounds of the tiny MLP: checks the code paths")
+    parser.add_argument("--worker", nargs=4, metavar=("MODEL", "VARIANT", "ROUNDS", "FW"), help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main() -> int:
+    args = parse()
     if args.worker:
-        worker(*args.worker)
+        model_name, variant, rounds, frameworks = args.worker
+        worker(model_name, variant, int(rounds), frameworks, args.smoke)
         return 0
     if args.profile:
         profile(args.profile)
         return 0
-
-    contenders = common_contenders("raw torch", args.peer_python)
-
+    frameworks = importable_frameworks(args.peer_python)
+    print(load_line())
+    rounds = rounds_to_run(args)
+    benches = [("tiny", "tensors")] if args.smoke else BENCHES
     exceeded = False
-    for model_name, variant in BENCHES:
-        samples: dict[str, list[float]] = {c[0]: [] for c in contenders}
-        for r in range(args.rounds):
-            k = r % len(contenders)
-            for label, py, fw, _ in contenders[k:] + contenders[:k]:
-                data, _ = run_json(py, [__file__, "--worker", fw, model_name, variant], env=THREAD_ENV)
-                samples[label] += data["per_step_s"]
-        widths, batch, _, repeats, steps = MODELS[model_name]
-        rows = [Row(lab, samples[lab], None if lab == base else samples[base]) for lab, _, _, base in contenders]
+    for model_name, variant in benches:
+        argv = [__file__, "--worker", model_name, variant, str(rounds), ",".join(frameworks)]
+        data, _ = run_json(sys.executable, [*argv, *(["--smoke"] if args.smoke else [])], env=THREAD_ENV)
+        widths, batch, steps, blocks = (SMOKE_MODELS if args.smoke else MODELS)[model_name]
         title = (
             f"{model_name} MLP {'->'.join(map(str, widths))}, batch {batch}, data from {variant}; "
-            f"{args.rounds} rounds x {repeats} repeats x {steps} steps, 1 thread"
+            f"{rounds} interleaved rounds x {blocks} blocks x {steps} steps, 1 thread, one process"
         )
-        print_table(title, rows, "us/step", 1e6)
-        if "fabric" in samples and model_name == "tiny":
-            exceeded |= not check_target("fabric vs raw torch", samples["fabric"], samples["raw torch"], TARGET)
+        met = report(title, data["samples"], TARGET)
+        exceeded |= model_name == "tiny" and not met
     if exceeded:
         print("\nhint: python benchmarks/step_overhead.py --profile 2000   shows where fabric's time goes")
     return 0

@@ -21,12 +21,41 @@ _MISSING = object()
 
 
 class _ForwardGuard:
-    """How deep a wrapper's forward is running; the original module's forward outside it goes around the strategy."""
+    """How deep a wrapper's forward is running; the original module's forward outside it goes around the strategy.
 
-    __slots__ = ("depth",)
+    The watch is a forward pre-hook on the user's module (see `_mistakes.guard_forward`). Any hook on a module
+    turns off the fast path of torch's `Module.__call__` (about 3 us per call), and the wrapper's own forward
+    reaches that module too (DDP calls it). So while a wrapper's forward runs, the hook is taken out of the
+    module's hook table and put back after: the set-up model's calls run as fast as raw torch's, and the module
+    is watched whenever no wrapper is running, which is when a call to it goes around the strategy.
+    """
+
+    __slots__ = ("_hook", "_hooks", "_key", "depth")
 
     def __init__(self) -> None:
         self.depth = 0
+        # The module's pre-hook table, our hook's key in it and the hook, once `watch` is called.
+        self._hooks: dict[int, Any] | None = None
+        self._key = -1
+        self._hook: Any = None
+
+    def watch(self, hooks: dict[int, Any], key: int, hook: Any) -> None:
+        """Remember the hook (`hooks[key]`) to lift while a wrapper's forward runs."""
+        self._hooks, self._key, self._hook = hooks, key, hook
+
+    def lift(self) -> None:
+        """A wrapper's forward starts: calls of the module now come through the strategy."""
+        self.depth += 1
+        if self.depth == 1 and self._hooks is not None:
+            # None when the user removed the hook meanwhile: then `drop` does not put it back either.
+            self._hook = self._hooks.pop(self._key, None)
+
+    def drop(self) -> None:
+        """A wrapper's forward ends: watch the module again (the hook only warns, so its place in the table,
+        now the last, does not matter)."""
+        self.depth -= 1
+        if self.depth == 0 and self._hook is not None and self._hooks is not None:
+            self._hooks[self._key] = self._hook
 
 
 def default_forward_methods(module: Module) -> set[str]:
@@ -88,12 +117,12 @@ def tracked(
         bypassed: list[str] = []
         hooks = [m.register_forward_pre_hook(lambda m, _: bypassed.append(type(m).__name__)) for m in module.modules()]
         if guard is not None:
-            guard.depth += 1
+            guard.lift()
         try:
             return method(*args, **kwargs)
         finally:
             if guard is not None:
-                guard.depth -= 1
+                guard.drop()
             for hook in hooks:
                 hook.remove()
             if bypassed:

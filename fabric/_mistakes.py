@@ -206,9 +206,10 @@ def check_optimizer_params(
 def guard_forward(module: Module, strategy: str, world_size: int, warn_once: WarnOnce) -> _ForwardGuard:
     """Watch `module` (the object the user passed to setup) for forward calls that do not come through the wrapper.
 
-    One forward pre-hook on the root module only: the wrapper's forward raises the guard's depth while it runs, so
-    the hook costs one integer check per forward. Without gradients nothing can drift, so inference on the
-    original module (evaluation, under torch.no_grad) stays silent.
+    One forward pre-hook on the root module only, which the wrapper's forward lifts while it runs (see
+    `_ForwardGuard`): calls through the wrapper keep torch's hook-free fast path and pay two dictionary operations.
+    Without gradients nothing can drift, so inference on the original module (evaluation, under torch.no_grad)
+    stays silent.
     """
     guard = _ForwardGuard()
     message = (
@@ -221,7 +222,8 @@ def guard_forward(module: Module, strategy: str, world_size: int, warn_once: War
     # A possible user warning: a few call the original module on purpose (say, for gradients with respect to the
     # inputs only, as in adversarial training), and may silence it by its category.
     hook = _UnwrappedForwardHook(guard, lambda: warn_once("unwrapped-forward", message, PossibleUserWarning, 6))
-    module.register_forward_pre_hook(hook)
+    handle = module.register_forward_pre_hook(hook)
+    guard.watch(module._forward_pre_hooks, handle.id, hook)
     return guard
 
 

@@ -357,12 +357,13 @@ class Fabric:
     # -- training step --------------------------------------------------------------------------
     def backward(self, tensor: Tensor, *args: Any, model: _FabricModule | None = None, **kwargs: Any) -> None:
         """Use instead of `loss.backward()`: goes through the strategy and precision (loss scaling, ...)."""
-        _mistakes.check_loss(tensor)
+        if not isinstance(tensor, Tensor):  # checked here, not in a call: this runs every step
+            _mistakes.check_loss(tensor)
         if not self._backward_checked:  # checked until it passes once: a set-up model stays set up
             name = type(self._strategy).__name__
             _mistakes.check_backward_has_model(self._setup_record.has_modules, self.world_size, name)
             self._backward_checked = True
-        module = model._forward_module if isinstance(model, _FabricModule) else model
+        module = model._forward_module if model is not None and isinstance(model, _FabricModule) else model
         self._backward_state.active = True
         try:
             self._strategy.backward(tensor, module, *args, **kwargs)

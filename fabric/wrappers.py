@@ -55,6 +55,7 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         # Methods routed through the wrapped forward (see fabric/_forward_methods.py), and those checked once.
         self._forward_methods = _forward_methods.default_forward_methods(original_module)
         self._checked_methods: set[str] = set()
+        self._plain_forward = not precision.changes_forward and backward_state is None and forward_guard is None
         self._fabric_module_initialized = True
 
     @property
@@ -64,9 +65,11 @@ class _FabricModule(_DeviceDtypeModuleMixin):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Convert inputs, run forward under autocast/dtype policy, convert outputs."""
+        if self._plain_forward:  # nothing to convert, guard or hook: the strategy's module, as raw torch calls it
+            return self._forward_call(*args, **kwargs)
         guard = self._forward_guard
         if guard is not None:  # tells the original module's hook that this call comes through the strategy
-            guard.depth += 1
+            guard.lift()
         try:
             precision = self._precision
             if not precision.changes_forward:
@@ -78,7 +81,7 @@ class _FabricModule(_DeviceDtypeModuleMixin):
                 output = precision.convert_output(output)
         finally:
             if guard is not None:
-                guard.depth -= 1
+                guard.drop()
         if self._backward_state is not None:
             _hook_outputs(output, self._backward_state)
         return output
@@ -196,14 +199,20 @@ class _FabricOptimizer:
 
     def step(self, closure: Any = None) -> Any:
         """Step through the strategy (and so the precision plugin's scaler, if any)."""
-        kwargs = {} if closure is None else {"closure": closure}
-        output = self._fabric_strategy.optimizer_step(self._fabric_optimizer, **kwargs)
+        if closure is None:
+            output = self._fabric_strategy.optimizer_step(self._fabric_optimizer)
+        else:
+            output = self._fabric_strategy.optimizer_step(self._fabric_optimizer, closure=closure)
         if self._fabric_callbacks:
             from fabric._hooks import call_hook
 
             hook_kwargs = {"strategy": self._fabric_strategy, "optimizer": self._fabric_optimizer}
             call_hook(self._fabric_callbacks, "on_after_optimizer_step", (), hook_kwargs)
         return output
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> Any:
+        """The user's optimizer's zero_grad (run there, it reads its own attributes, not this wrapper's properties)."""
+        return self._fabric_optimizer.zero_grad(*args, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state as the strategy assembles it."""

@@ -41,6 +41,35 @@ def test_launch_startup_smoke_times_both_launchers() -> None:
     _assert_ratio_row(out, "fabric ddp_fork")
 
 
+def _assert_paired_rows(out: str, raw: str) -> None:
+    """raw, fabric and (where importable) Lightning Fabric from one run, each with its per-round ratio band."""
+    assert out.startswith("machine: ") and re.search(r"^load avg [\d.]+ at start$", out, re.MULTILINE), out
+    assert re.search(rf"^{raw}\s+[\d.]+", out, re.MULTILINE), out
+    peers = ["fabric"] + (["lightning_fabric"] if importlib.util.find_spec("lightning_fabric") else [])
+    for label in peers:
+        _assert_ratio_row(out, label)
+        assert re.search(rf"^ratio {label} / raw: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=2\)", out, re.MULTILINE), out
+        assert re.search(rf"^difference {label} - raw: [+-][\d.]+ us/step", out, re.MULTILINE), out
+
+
+@pytest.mark.multiprocess
+def test_step_overhead_smoke_pairs_raw_fabric_and_lightning_in_one_process() -> None:
+    result = _run("step_overhead.py", "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tiny MLP 32->64->64->10, batch 32, data from tensors; 2 interleaved rounds" in result.stdout
+    _assert_paired_rows(result.stdout, "raw torch")
+
+
+@pytest.mark.multiprocess
+def test_ddp_step_smoke_pairs_raw_ddp_with_fabric_in_one_process_group() -> None:
+    result = _run("ddp_step.py", "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "DDP, 2 CPU processes (gloo), tiny MLP 32->64->64->10, batch 32/rank; one job, 2 interleaved" in (
+        result.stdout
+    )
+    _assert_paired_rows(result.stdout, "raw DDP")
+
+
 @pytest.mark.multiprocess
 def test_uneven_all_gather_smoke_compares_uneven_with_equal() -> None:
     result = _run("uneven_all_gather.py", "--smoke")

@@ -14,9 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from fabric import Fabric, _mistakes
+from fabric import Fabric, Precision, _mistakes
 from fabric.loggers import CSVLogger
 from fabric.utilities.warnings import PossibleUserWarning
+from fabric.wrappers import _FabricModule
 
 
 def _fabric(**kwargs: Any) -> Fabric:
@@ -292,6 +293,55 @@ def test_the_forward_guard_warns_once_and_only_with_gradients() -> None:
         "Linear.forward() was called on the module you passed to fabric.setup(), not on the model fabric.setup() "
         "returned, while gradients are enabled."
     ]
+
+
+class _HookProbe(nn.Linear):
+    """Records how many forward pre-hooks it had at each forward: none means torch's fast path called it."""
+
+    def __init__(self) -> None:
+        super().__init__(2, 2)
+        self.hooks_seen: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.hooks_seen.append(len(self._forward_pre_hooks))
+        return super().forward(x)
+
+
+def _guarded_wrapper(module: nn.Module) -> tuple[_FabricModule, Any]:
+    """A wrapper as a 2-process setup builds it; the Sequential stands in for DDP, which calls the module inside."""
+    guard = _mistakes.guard_forward(module, "DDPStrategy", 2, _mistakes.WarnOnce())
+    return _FabricModule(nn.Sequential(module), module, Precision(), None, guard), guard
+
+
+def test_a_wrapped_forward_calls_the_guarded_module_without_its_hook() -> None:
+    module = _HookProbe()
+    model, _ = _guarded_wrapper(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.ones(1, 2)).sum().backward()
+        model(torch.ones(1, 2))
+    # No hook while the wrapper ran (torch's hook-free fast path, as in raw DDP); watched again afterwards.
+    assert module.hooks_seen == [0, 0]
+    assert len(module._forward_pre_hooks) == 1
+    with pytest.warns(PossibleUserWarning, match="was called on the module you passed to fabric.setup"):
+        module(torch.ones(1, 2))
+    assert module.hooks_seen[-1] == 1
+
+
+def test_the_guard_hook_comes_back_after_a_failed_or_nested_forward_and_stays_removed_if_the_user_removed_it() -> None:
+    module = _HookProbe()
+    model, guard = _guarded_wrapper(module)
+    with pytest.raises(RuntimeError):
+        model(torch.ones(1, 3))  # a shape error inside the forward
+    assert len(module._forward_pre_hooks) == 1 and guard.depth == 0
+    guard.lift()  # an outer wrapper of the same module (a second Fabric's) is running
+    model(torch.ones(1, 2))
+    assert len(module._forward_pre_hooks) == 0  # the inner forward does not put it back early
+    guard.drop()
+    assert len(module._forward_pre_hooks) == 1
+    module._forward_pre_hooks.clear()  # the user removed every hook
+    model(torch.ones(1, 2))
+    assert len(module._forward_pre_hooks) == 0
 
 
 def test_copies_of_a_guarded_module_are_not_guarded() -> None:

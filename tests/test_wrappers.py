@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -295,3 +296,50 @@ def test_without_backward_state_plain_backward_works() -> None:
     wrapped = _FabricModule(model, model, _MustUseFabricBackward(), None)
     wrapped(torch.randn(2, 4)).sum().backward()
     assert model.layer.weight.grad is not None
+
+
+# -- cost per step ------------------------------------------------------------------------------------------------
+def _python_calls(step: Any) -> int:
+    """How many Python functions one call of `step` runs (C functions, such as torch's kernels, not counted)."""
+    calls = 0
+
+    def count(frame: Any, event: str, arg: Any) -> None:
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_a_32_bit_training_step_adds_ten_python_calls_at_most() -> None:
+    from fabric import Fabric
+
+    def make() -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    raw_model, raw_optimizer = make()
+    fabric = Fabric(accelerator="cpu", devices=1)
+    model, optimizer = fabric.setup(*make())
+    x = torch.ones(2, 4)
+
+    def raw_step() -> None:
+        loss = raw_model(x).sum()
+        raw_optimizer.zero_grad()
+        loss.backward()
+        raw_optimizer.step()
+
+    def fabric_step() -> None:
+        loss = model(x).sum()
+        optimizer.zero_grad()
+        fabric.backward(loss)
+        optimizer.step()
+
+    raw_step(), fabric_step()  # first steps create the optimizer state and import what they need
+    # The wrapper's Module.__call__ (2) and forward, zero_grad, backward through Fabric, strategy and precision (3),
+    # step through wrapper, strategy and precision (3): no precision context, conversion, guard or hook on the way.
+    assert _python_calls(fabric_step) - _python_calls(raw_step) <= 10

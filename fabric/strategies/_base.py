@@ -134,13 +134,14 @@ class _StrategyComponents:
         stack.enter_context(self.precision.tensor_init_context())
         return stack
 
+    # These two run every step: the plugin is read from its slot (set once connected), not through the property.
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         """Backward through the precision plugin."""
-        self.precision.backward(tensor, module, *args, **kwargs)
+        (self._precision or self.precision).backward(tensor, module, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """Step through the precision plugin."""
-        return self.precision.optimizer_step(optimizer, **kwargs)
+        return (self._precision or self.precision).optimizer_step(optimizer, **kwargs)
 
     def clip_gradients_norm(
         self,

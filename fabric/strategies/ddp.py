@@ -52,8 +52,9 @@ class DDPStrategy(ParallelStrategy):
         )
         self._ddp_kwargs = ddp_kwargs
         # The models this strategy wrapped (weakly: the user owns them), to tell whether a backward all-reduces.
-        # Made at the first setup: ddp_spawn pickles the strategy before that, and a WeakSet cannot be pickled.
-        self._ddp_modules: weakref.WeakSet[Module] | None = None
+        # Weak references in a list, not a WeakSet: backward walks it every step, and a WeakSet's iterator costs
+        # several Python calls. Dead ones are dropped at the next setup.
+        self._ddp_modules: list[weakref.ref[Module]] = []
 
     def setup_module(self, module: Module) -> DistributedDataParallel:
         """Wrap in DDP; parameters are broadcast from rank 0 so every replica starts equal."""
@@ -66,20 +67,28 @@ class DDPStrategy(ParallelStrategy):
         # torch.cuda.stream(...) around fabric.setup.
         with self._collective("setup"):  # DDP's constructor broadcasts rank 0's weights
             wrapped = DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
-        if self._ddp_modules is None:
-            self._ddp_modules = weakref.WeakSet()
-        self._ddp_modules.add(wrapped)
+        self._ddp_modules = [ref for ref in self._ddp_modules if ref() is not None]
+        self._ddp_modules.append(weakref.ref(wrapped))
         return wrapped
 
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         """Backward through the precision plugin; DDP's gradient all_reduce is recorded like any collective."""
-        # fabric.backward(loss) rarely names the model: then any model of ours that syncs makes it a collective.
-        candidates = [module] if module is not None else list(self._ddp_modules or ())
-        if not any(_syncs_gradients(candidate) for candidate in candidates):
+        if not self._backward_syncs(module):
             super().backward(tensor, module, *args, **kwargs)
             return
         with self._collective("backward"):
             super().backward(tensor, module, *args, **kwargs)
+
+    def _backward_syncs(self, module: Module | None) -> bool:
+        """Whether this backward all-reduces gradients."""
+        if module is not None:
+            return _syncs_gradients(module)
+        # fabric.backward(loss) rarely names the model: then any model of ours that syncs makes it a collective.
+        # A loop, not any(...): no generator per step.
+        for ref in self._ddp_modules:  # noqa: SIM110
+            if _syncs_gradients(ref()):
+                return True
+        return False
 
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
         """DDP's own no_sync: gradients accumulate locally until the next synced backward."""

@@ -30,6 +30,8 @@ def test_ddp_mistakes_are_named_and_a_correct_loop_stays_silent(tmp_path: Path) 
         # exactly as raw torch DDP does.
         assert seen["correct_warnings"] == []
         assert seen["correct_equal"] and seen["matches_raw_ddp"]
+        # The guard on the original module costs the correct loop nothing: DDP called it with no hook in place.
+        assert seen["hooks_in_wrapped_forward"] == [0, 0, 0]
         # Two training steps through the original module: one warning (once per Fabric), and the drift it names.
         assert len(seen["unwrapped_warnings"]) == 1
         assert seen["unwrapped_warnings"][0].startswith(

@@ -5,7 +5,8 @@ OUTDIR/rank{N}.json with:
 - backward_error: the message of fabric.backward on a loss from a model that was never set up;
 - setup_warnings: the warnings of fabric.setup with an optimizer that also holds a parameter outside the model;
 - correct_warnings: the warnings of a correct training loop (must be none), and whether its weights stayed equal
-  across ranks and equal to raw torch DDP's;
+  across ranks and equal to raw torch DDP's; hooks_in_wrapped_forward: the original module's forward pre-hooks
+  seen while the returned model ran it (none expected: the guard is lifted, so torch's fast path runs);
 - unwrapped_warnings: the warnings of two training steps through the original module (one expected), of an
   inference call on it under torch.no_grad() (none expected), and whether the weights then differ across ranks.
 """
@@ -81,6 +82,11 @@ def main() -> None:
     original = make_model()
     state: dict[str, Any] = {}
 
+    # How many forward pre-hooks the original module has while the returned model runs it (inside DDP): none
+    # means torch's fast Module.__call__ path, as in raw DDP. Read by a hook on its first layer, not on itself.
+    hooks_in_forward: list[int] = []
+    original[0].register_forward_hook(lambda *_: hooks_in_forward.append(len(original._forward_pre_hooks)))
+
     def train_correctly() -> None:
         model, opt = fabric.setup(original, torch.optim.SGD(original.parameters(), lr=0.1))
         for step in range(3):
@@ -92,6 +98,7 @@ def main() -> None:
         state["model"], state["opt"] = model, opt
 
     report["correct_warnings"] = caught(train_correctly)
+    report["hooks_in_wrapped_forward"] = hooks_in_forward[:3]  # the fourth call is the no_grad one, unwrapped
     report["correct_equal"] = equal_across_ranks(fabric, original)
     fabric_weights = torch.cat([p.detach().reshape(-1) for p in original.parameters()])
     report["matches_raw_ddp"] = bool(torch.equal(fabric_weights, raw_ddp_weights(rank, 3)))

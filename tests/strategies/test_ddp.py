@@ -1,0 +1,57 @@
+"""DDPStrategy's per-step decision whether a backward all-reduces (and so is recorded as a collective)."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+from torch import nn
+
+from fabric import DDPStrategy
+
+
+class _FakeDDP(nn.Module):
+    """What the check reads of a DistributedDataParallel: its reducer and its sync flag (off inside no_sync)."""
+
+    def __init__(self, syncs: bool) -> None:
+        super().__init__()
+        self.reducer = object()
+        self.require_backward_grad_sync = syncs
+
+
+def _python_calls(call: object) -> int:
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        call()  # type: ignore[operator]
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_a_backward_without_a_model_syncs_when_any_live_model_of_the_strategy_syncs() -> None:
+    strategy = DDPStrategy()
+    accumulating, syncing = _FakeDDP(syncs=False), _FakeDDP(syncs=True)
+    strategy._ddp_modules = [weakref.ref(accumulating)]
+    assert not strategy._backward_syncs(None)  # inside no_sync: no all-reduce, nothing to record
+    assert strategy._backward_syncs(syncing)  # the named model decides
+    strategy._ddp_modules.append(weakref.ref(syncing))
+    assert strategy._backward_syncs(None)
+    del syncing
+    gc.collect()
+    assert not strategy._backward_syncs(None)  # a collected model is skipped, not an error
+    assert not strategy._backward_syncs(nn.Linear(1, 1))  # not a DDP module
+
+
+def test_the_per_step_check_is_a_plain_loop() -> None:
+    strategy = DDPStrategy()
+    model = _FakeDDP(syncs=True)
+    strategy._ddp_modules = [weakref.ref(model)]
+    # _backward_syncs and one _syncs_gradients: no WeakSet iterator or generator frames per step.
+    assert _python_calls(lambda: strategy._backward_syncs(None)) == 3  # with the lambda
