@@ -34,6 +34,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         cpu.append(["loader_state.py", "--smoke"])
         cpu.append(["fork_after_async.py", "--smoke"])
         cpu.append(["loader_overhead.py", "--smoke"])
+        cpu += [["step_overhead.py", "--smoke"], ["ddp_step.py", "--smoke"]]
         gpu = [
             ["cuda_precision.py", "--device", "cpu", "--smoke"],
             ["gpu_memory_and_speed.py", "--device", "cpu", "--smoke"],
