@@ -7,6 +7,8 @@ the time it failed) so that the test can bound the time from the failure to the 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +107,17 @@ def test_launch_function_names_root_cause_when_peer_waits_in_collective(tmp_path
 def test_launch_function_rank1_dies(tmp_path: Path, strategy: str, scenario: str, expected: str) -> None:
     result = _run_launch_function(tmp_path, strategy, scenario)
     assert expected in result["message"], result["message"]
+
+
+def test_failed_spawn_leaves_no_traceback_file_in_the_temp_folder(tmp_path: Path) -> None:
+    # torch's spawn wrapper pickles a raising rank's traceback into a world-readable pytorch-errorfile-*.pickle.
+    temp, outdir = tmp_path / "tmp", tmp_path / "out"
+    temp.mkdir()
+    outdir.mkdir()
+    script = [sys.executable, str(runner.SCRIPTS / "fail_launch_function.py"), str(outdir), "ddp_spawn", "raise_busy"]
+    proc = subprocess.run(script, capture_output=True, text=True, cwd=runner.SCRIPTS, timeout=JOB_TIMEOUT,
+                          env={**runner.script_env(), "TMPDIR": str(temp)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = _read(outdir / "result.json")
+    assert "global rank 1 raised an exception" in result["message"] and FUNCTION_MESSAGE in result["message"]
+    assert not list(temp.glob("pytorch-errorfile-*")), "a rank's traceback file was left behind"

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from fabric.strategies.launchers._process import FAILURE_DIR_ENV, FailureRecord, read_failure_records
+from fabric.strategies.launchers._run_worker import MODULE as WORKER_MODULE
 from fabric.strategies.launchers._run_worker import PARENT_PID_ENV
 from fabric.utilities import _signals
-
-WORKER_MODULE = "fabric.strategies.launchers._run_worker"
 
 
 def run_agent(torchrun_argv: list[str]) -> int:

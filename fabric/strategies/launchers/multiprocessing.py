@@ -105,6 +105,7 @@ class MultiProcessingLauncher(Launcher):
             for signum in signals:
                 _signals.remove_catcher(signum, _keep_waiting)
                 _signals.remove_forwarder(signum, forward)
+            _remove_error_files(context)
         if payload is None and not results.empty():
             payload = results.get()
         return pickle.loads(payload) if payload is not None else None
@@ -148,10 +149,14 @@ def _worker(
     os.environ["LOCAL_RANK"] = str(local_rank)
     try:
         result = function(*args)
-    except BaseException:
+    except BaseException as err:
         # Recorded before this process leaves the process group, so it is earlier than any error it causes.
         details = traceback.format_exc()[-_MAX_TRACEBACK_CHARS:]
         failures.put(pickle.dumps((time.time(), local_rank, details)))
+        if isinstance(err, Exception):
+            # Exit instead of raising: torch's wrapper would pickle the traceback into a world-readable
+            # pytorch-errorfile-*.pickle in the temp folder; the launcher has it from the record already.
+            raise SystemExit(1) from None
         raise
     if local_rank == 0 and env["NODE_RANK"] == "0":
         # Plain pickle bytes: torch's queue would pass tensors as shared-memory handles that die with this process.
@@ -169,6 +174,13 @@ class _Forwarder:
             if process.is_alive() and process.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signum)
+
+
+def _remove_error_files(context: Any) -> None:
+    """Delete the traceback files torch's wrapper writes for ranks that raised (anything the worker let through)."""
+    for path in getattr(context, "error_files", []):
+        with contextlib.suppress(OSError, TypeError):
+            os.unlink(path)
 
 
 def _keep_waiting(signum: int) -> None:

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fabric.strategies.launchers._process import FAILURE_DIR_ENV, die_with_parent, read_failures
+from fabric.strategies.launchers import _run_worker
+from fabric.strategies.launchers._process import FAILURE_DIR_ENV, read_failures
 from fabric.strategies.launchers._process import report_failures_to_parent as report_failures_to_parent
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.utilities import _signals
@@ -27,12 +28,12 @@ _BLAME_WAIT_SECONDS = 1.0
 
 
 def _script_command() -> list[str]:
-    """The command that started this process, so the children run the same thing."""
+    """The command that runs what started this process (through the worker entry), so the children run the same."""
     import __main__
 
     spec = getattr(__main__, "__spec__", None)
     if spec is not None and spec.name != "__main__":  # started as `python -m package.module`
-        return [sys.executable, "-m", spec.name, *sys.argv[1:]]
+        return _run_worker.command(["-m", spec.name, *sys.argv[1:]])
     main_file = getattr(__main__, "__file__", None)
     # `python - < code.py` sets __file__ to "<stdin>": no file a child could re-run, like a notebook or REPL.
     if main_file is None or not Path(main_file).is_file():
@@ -41,7 +42,7 @@ def _script_command() -> list[str]:
             "session has no script file (a notebook or an interactive shell). Use strategy='ddp_notebook' "
             "(or 'ddp_spawn') and pass a function to fabric.launch(fn)."
         )
-    return [sys.executable, str(Path(main_file).resolve()), *sys.argv[1:]]
+    return _run_worker.command([str(Path(main_file).resolve()), *sys.argv[1:]])
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -102,10 +103,12 @@ class SubprocessScriptLauncher(Launcher):
             LOCAL_RANK=str(local_rank),
             WORLD_SIZE=str(self.num_processes * self.num_nodes),
         )
+        # The worker entry asks Linux to end the child when this process dies (no preexec_fn: this process may
+        # already run threads, and code between fork and exec must not take their locks).
+        env[_run_worker.PARENT_PID_ENV] = str(os.getpid())
         if self._failure_dir is not None:
             env[FAILURE_DIR_ENV] = self._failure_dir
-        parent = os.getpid()
-        return subprocess.Popen(command, env=env, preexec_fn=lambda: die_with_parent(parent))
+        return subprocess.Popen(command, env=env)
 
     def _watch(self) -> None:
         """End the job when a child fails, instead of letting the others hang in a collective."""
