@@ -9,6 +9,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -180,7 +181,7 @@ def _remove_error_files(context: Any) -> None:
     """Delete the traceback files torch's wrapper writes for ranks that raised (anything the worker let through)."""
     for path in getattr(context, "error_files", []):
         with contextlib.suppress(OSError, TypeError):
-            os.unlink(path)
+            Path(path).unlink()
 
 
 def _keep_waiting(signum: int) -> None:

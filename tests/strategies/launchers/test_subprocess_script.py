@@ -27,6 +27,7 @@ def test_children_start_through_the_worker_entry_without_preexec_fn(monkeypatch:
     launcher = SubprocessScriptLauncher(2, 1, 0, "127.0.0.1", 12345)
     launcher._start(["python", "-m", _run_worker.MODULE, "train.py"], local_rank=1)
     ((command, kwargs),) = started
+    assert command[-1] == "train.py"
     assert "preexec_fn" not in kwargs
     assert kwargs["env"][_run_worker.PARENT_PID_ENV] == str(os.getpid())
     assert kwargs["env"]["LOCAL_RANK"] == "1"
