@@ -14,6 +14,8 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,17 +35,24 @@ def run_agent(torchrun_argv: list[str]) -> int:
     failure_dir = tempfile.mkdtemp(prefix="fabric-run-failures-")
     os.environ[FAILURE_DIR_ENV] = failure_dir
     os.environ[PARENT_PID_ENV] = str(os.getpid())
+    forwarded: list[tuple[signal.Signals, float]] = []
     try:
-        with _forwarding(_signals.preemption_signals()):
+        with _stoppable_without_workers(failure_dir), _forwarding(_signals.preemption_signals(), forwarded):
             run(parse_args(torchrun_argv))
     except ChildFailedError as err:
+        records = read_failure_records(failure_dir)
+        ended = _ended_by_forwarded_signal(err.failures, records, forwarded)
+        if ended is not None:
+            print(ended[1], file=sys.stderr)
+            return 128 + ended[0]
         # Not torchrun's report: its "root cause" is whichever failure it noticed first, often the wrong rank.
-        print(f"fabric run: a process failed.\n{_first_failure(err.failures, read_failure_records(failure_dir))}",
-              file=sys.stderr)  # fmt: skip
+        print(f"fabric run: a process failed.\n{_first_failure(err.failures, records)}", file=sys.stderr)
         return 1
     except SignalException as err:
         # torchrun has already stopped the workers; exit like a process killed by that signal would.
         return 128 + int(err.sigval)
+    except KeyboardInterrupt:  # Ctrl-C while no worker runs (torchrun's own handler covers the workers' time)
+        return 128 + signal.SIGINT
     except Exception as err:  # rendezvous timeouts and similar: one line instead of torch's traceback
         print(f"fabric run: torch.distributed.run failed: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
@@ -87,13 +96,34 @@ def _stopped_by_torchrun(failure: Any, records: dict[int, FailureRecord]) -> boo
     return failure.exitcode == -signal.SIGTERM and failure.local_rank in records
 
 
+def _ended_by_forwarded_signal(
+    failures: dict[int, Any], records: dict[int, FailureRecord], forwarded: list[tuple[signal.Signals, float]]
+) -> tuple[int, str] | None:
+    """(N, message) when the workers died of signal N that `fabric run` passed on to them, and no rank had failed
+    before it (a failure recorded earlier is the job's real failure, reported as such)."""
+    if not forwarded:
+        return None
+    signum, at = forwarded[0]
+    ended = sorted(rank for rank, failure in failures.items() if failure.exitcode == -signum)
+    if not ended or any(record.time < at for record in records.values()):
+        return None
+    others = sorted(set(failures) - set(ended))
+    after = f" Rank(s) {', '.join(map(str, others))} failed after it." if others else ""
+    return signum, (
+        f"fabric run: stopped by {signum.name}. It was passed on to the workers, and it ended global rank(s) "
+        f"{', '.join(map(str, ended))}: the script does not catch it (a loop that reads fabric.preempted saves "
+        f"and exits 0 instead; see docs/preemption.md).{after}"
+    )
+
+
 @contextlib.contextmanager
-def _forwarding(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+def _forwarding(signals: tuple[signal.Signals, ...], forwarded: list[tuple[signal.Signals, float]]) -> Iterator[None]:
     """While the workers run, pass these signals on to them and keep waiting, instead of torchrun's stop.
 
     torchrun sets its handler each time it starts workers (always SIGTERM), and that handler raises to stop
     them; the module-level function it installs is wrapped here so that both torch 2.9 and later versions
-    forward. Before any worker exists the signal stops `fabric run` as before.
+    forward. Before any worker exists the signal stops `fabric run` as before. Each forwarded signal is appended
+    to `forwarded` with the time it arrived.
     """
     from torch.distributed.elastic.multiprocessing import api
 
@@ -104,6 +134,7 @@ def _forwarding(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
         if signum not in signals or not workers:
             original(signum, frame)
             return
+        forwarded.append((signal.Signals(signum), time.time()))
         for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
@@ -118,6 +149,53 @@ def _forwarding(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
         api._terminate_process_handler = original  # type: ignore[assignment]
         for signum, before in previous.items():
             signal.signal(signum, before)
+
+
+# Signals that end `fabric run` when no worker runs (torchrun's own set, which it stops its workers on).
+_ENDING_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+
+
+@contextlib.contextmanager
+def _stoppable_without_workers(failure_dir: str) -> Iterator[None]:
+    """Let SIGTERM, Ctrl-C (and a preemption signal) end `fabric run` at once while none of its workers runs.
+
+    Python runs signal handlers in the main thread between bytecodes, and while it waits at the rendezvous the
+    main thread is inside torch's TCPStore connect loop (C++, retried for up to 15 minutes), so the handlers never
+    ran and only SIGKILL ended it. The interpreter's C-level handler still writes each signal's number to the
+    wakeup fd at once; a thread reading it ends the process with 128 + N when no worker exists. With workers, the
+    main thread's handlers decide (it waits in Python then), so nothing here changes that.
+    """
+    if not Path("/proc/self").is_dir():  # no way to tell whether workers run: leave signals as they are
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    ending = _ENDING_SIGNALS | set(_signals.preemption_signals())
+    thread = threading.Thread(
+        target=_end_on_signal_without_workers, args=(read_fd, ending, failure_dir), name="fabric-run-signals",
+        daemon=True,
+    )  # fmt: skip
+    thread.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(write_fd)  # the thread's read returns b"" and it ends
+        thread.join()
+        os.close(read_fd)
+
+
+def _end_on_signal_without_workers(read_fd: int, ending: frozenset[int] | set[int], failure_dir: str) -> None:
+    while data := os.read(read_fd, 64):
+        for signum in data:
+            if signum in ending and not _children():
+                name = signal.Signals(signum).name
+                where = "waiting for the other machines at the rendezvous, or for them to finish"
+                print(f"fabric run: stopped by {name} while none of its processes was running ({where}).",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                shutil.rmtree(failure_dir, ignore_errors=True)
+                os._exit(128 + signum)
 
 
 def _children() -> list[int]:
