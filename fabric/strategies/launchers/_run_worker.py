@@ -13,7 +13,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from fabric.strategies.launchers._process import die_with_parent
+from fabric.strategies.launchers._process import die_with_parent, record_finished
 
 PARENT_PID_ENV = "FABRIC_RUN_PID"  # launcher-private: the pid of the launcher this process must die with
 MODULE = "fabric.strategies.launchers._run_worker"
@@ -29,13 +29,21 @@ def main() -> None:
     `... _run_worker -m MODULE [ARGS...]` as `python -m MODULE [ARGS...]` would."""
     parent = os.environ.get(PARENT_PID_ENV)
     die_with_parent(int(parent) if parent else None)
-    if sys.argv[1] == "-m":
-        module = sys.argv[2]
-        sys.argv = [sys.argv[2], *sys.argv[3:]]  # run_module(alter_sys=True) sets argv[0] to the module's file
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        _run(sys.argv[1:])
+    except SystemExit:
+        record_finished()
+        raise
+    record_finished()
+
+
+def _run(target: list[str]) -> None:
+    if target[0] == "-m":
+        sys.argv = target[1:]  # run_module(alter_sys=True) sets argv[0] to the module's file
+        runpy.run_module(target[1], run_name="__main__", alter_sys=True)
         return
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
+    script = target[0]
+    sys.argv = target
     sys.path[0] = str(Path(script).resolve().parent)  # `python SCRIPT` puts the script's folder first
     runpy.run_path(script, run_name="__main__")
 

@@ -20,10 +20,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fabric.strategies.launchers._process import FAILURE_DIR_ENV, FailureRecord, read_failure_records
+from fabric.strategies.launchers._process import (
+    FAILURE_DIR_ENV,
+    FailureRecord,
+    describe_exit,
+    read_failure_records,
+    read_finished,
+)
 from fabric.strategies.launchers._run_worker import MODULE as WORKER_MODULE
 from fabric.strategies.launchers._run_worker import PARENT_PID_ENV
 from fabric.utilities import _signals
+
+# torchrun's --rdzv_backend for one machine: its static rendezvous, serving the store on loopback only.
+LOOPBACK_RENDEZVOUS = "fabric-loopback"
 
 
 def run_agent(torchrun_argv: list[str]) -> int:
@@ -32,6 +41,9 @@ def run_agent(torchrun_argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from fabric.strategies.launchers import _loopback_rendezvous
+
+    _loopback_rendezvous.register()
     failure_dir = tempfile.mkdtemp(prefix="fabric-run-failures-")
     os.environ[FAILURE_DIR_ENV] = failure_dir
     os.environ[PARENT_PID_ENV] = str(os.getpid())
@@ -46,7 +58,8 @@ def run_agent(torchrun_argv: list[str]) -> int:
             print(ended[1], file=sys.stderr)
             return 128 + ended[0]
         # Not torchrun's report: its "root cause" is whichever failure it noticed first, often the wrong rank.
-        print(f"fabric run: a process failed.\n{_first_failure(err.failures, records)}", file=sys.stderr)
+        first = _first_failure(err.failures, records, read_finished(failure_dir))
+        print(f"fabric run: a process failed.\n{first}", file=sys.stderr)
         return 1
     except SignalException as err:
         # torchrun has already stopped the workers; exit like a process killed by that signal would.
@@ -66,29 +79,50 @@ def worker_command(script: str, script_args: list[str]) -> list[str]:
     return ["--module", WORKER_MODULE, script, *script_args]
 
 
-def _first_failure(failures: dict[int, Any], records: dict[int, FailureRecord]) -> str:
-    """One line naming the rank that failed first: by the ranks' own records, else a rank killed by a signal.
+def _first_failure(
+    failures: dict[int, Any], records: dict[int, FailureRecord], finished: frozenset[int] | set[int] = frozenset()
+) -> str:
+    """One line naming the rank that failed first, saying only what is known of how.
 
-    `failures`: torchrun's, by global rank. A rank that failed first can be missing there: when a peer that failed
-    after it exited sooner, torchrun stopped it (SIGTERM) while it was still exiting. Its record still counts.
+    `failures`: torchrun's, by global rank; `records`: the ones the ranks wrote as they raised; `finished`: pids
+    of ranks whose script had run to its end. A rank that failed first can be missing from `failures`: when a
+    peer that failed after it exited sooner, torchrun stopped it (SIGTERM) while it was still exiting. Its
+    record still counts. Without records, a rank killed by a signal other than SIGTERM (torchrun's own, to stop
+    the others) is named first, then one that exited with an error.
     """
-    killed = sorted(rank for rank, f in failures.items() if f.exitcode < 0)
     if records:
         first = min(records.values())
         rank, pid = first.global_rank, first.pid
     else:
-        rank = killed[0] if killed else min(failures)
+        rank = min(failures, key=lambda r: (_stop_signal_order(failures[r].exitcode), r))
         pid = failures[rank].pid
     failure = failures.get(rank)
+    recorded = any(record.global_rank == rank for record in records.values())
     if failure is None or _stopped_by_torchrun(failure, records):
-        how = "raised an exception"
-    elif failure.exitcode < 0:
-        how = f"was killed by {signal.Signals(-failure.exitcode).name}"
+        how = "raised an exception; its error is above"
     else:
-        how = f"exited with code {failure.exitcode}"
-    others = sorted((set(failures) | {r.global_rank for r in records.values()}) - {rank})
-    after = f" Rank(s) {', '.join(map(str, others))} failed after it." if others else ""
-    return f"fabric run: global rank {rank} failed first: it {how} (pid {pid}); its error is above.{after}"
+        how = describe_exit(failure.exitcode, recorded, pid in finished)
+        how = how.replace("its traceback is above", "its error is above")
+    failed = {r.global_rank for r in records.values()} | {
+        r for r, f in failures.items() if f.exitcode != -signal.SIGTERM
+    }
+    stopped = sorted(set(failures) - failed - {rank})  # torchrun ends the other workers with SIGTERM
+    after = f" Rank(s) {', '.join(map(str, sorted(failed - {rank})))} failed after it." if failed - {rank} else ""
+    after += f" Rank(s) {', '.join(map(str, stopped))} were stopped by torchrun (SIGTERM)." if stopped else ""
+    return f"fabric run: global rank {rank} failed first: it {_with_pid(how, pid)}.{after}"
+
+
+def _stop_signal_order(exitcode: int) -> int:
+    """0 for a death by a signal torchrun does not send to stop workers, 1 for an error exit, 2 for SIGTERM."""
+    if exitcode == -signal.SIGTERM:
+        return 2
+    return 0 if exitcode < 0 else 1
+
+
+def _with_pid(how: str, pid: int) -> str:
+    """`how` with "(pid N)" after its first clause: "exited with code 1 (pid 7); its error is above"."""
+    head, sep, tail = how.partition(";")
+    return f"{head} (pid {pid}){sep}{tail}"
 
 
 def _stopped_by_torchrun(failure: Any, records: dict[int, FailureRecord]) -> bool:

@@ -113,13 +113,19 @@ class MultiProcessingLauncher(Launcher):
 
     def _describe_failure(self, err: Exception, failures: Any) -> str:
         """Name the rank that failed first: the others often fail only because it left the process group."""
-        records = []
+        records, returned = [], set()
         while not failures.empty():
-            records.append(pickle.loads(failures.get()))
+            record = pickle.loads(failures.get())
+            if record[2] is None:  # the rank's function returned
+                returned.add(record[1])
+            else:
+                records.append(record)
         recorded_ranks = {local_rank for _, local_rank, _ in records}
         if isinstance(err, mp.ProcessExitedException) and err.error_index not in recorded_ranks:
             # Killed or exited without raising: it could not record anything, and its peers broke after it.
             how = f"was killed by {err.signal_name}" if err.signal_name else f"exited with code {err.exit_code}"
+            if err.error_index in returned:  # e.g. an abort in torch's teardown: no Python error to show
+                how += " while exiting, after its function had returned (it recorded no Python error)"
             local_rank, details = err.error_index, ""
         elif records:
             _, local_rank, details = min(records)
@@ -159,6 +165,7 @@ def _worker(
             # pytorch-errorfile-*.pickle in the temp folder; the launcher has it from the record already.
             raise SystemExit(1) from None
         raise
+    failures.put(pickle.dumps((time.time(), local_rank, None)))  # returned: a later death happened while exiting
     if local_rank == 0 and env["NODE_RANK"] == "0":
         # Plain pickle bytes: torch's queue would pass tensors as shared-memory handles that die with this process.
         results.put(pickle.dumps(_to_cpu(result)))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fabric.strategies.launchers import _run_worker
-from fabric.strategies.launchers._process import FAILURE_DIR_ENV, read_failures
+from fabric.strategies.launchers._process import FAILURE_DIR_ENV, describe_exit, read_failures, read_finished
 from fabric.strategies.launchers._process import report_failures_to_parent as report_failures_to_parent
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.utilities import _signals
@@ -122,26 +122,26 @@ class SubprocessScriptLauncher(Launcher):
             time.sleep(_POLL_SECONDS)
 
     def _fail(self, local_rank: int, proc: subprocess.Popen, code: int) -> None:
+        if self._main_failed:
+            return  # rank 0 is failing: its excepthook names the rank to blame, its exit hook ends the children
         # Written to the stream saved at launch: torch's excepthook swaps sys.stderr for a StringIO while
         # rank 0 prints its own traceback, and os._exit would drop whatever this thread wrote into it.
-        if self._report(local_rank, proc, code, "its traceback is above", self._stderr):
-            if self._main_failed:
-                return  # rank 0 is printing its traceback; its exit hook ends the children after that
+        if self._report(local_rank, proc, code, "", self._stderr):
             self._terminate_children()
             os._exit(1)
 
-    def _report(self, local_rank: int, proc: subprocess.Popen, code: int, where: str, stream: Any = None) -> bool:
-        """Print, once for the whole job, which rank failed; False if another thread already did."""
+    def _report(self, local_rank: int, proc: subprocess.Popen, code: int, more: str, stream: Any = None) -> bool:
+        """Print, once for the whole job, which rank failed and what is known of how; False if already done."""
         with self._lock:
             if self._ending:
                 return False
             self._ending = True
         rank = self.node_rank * self.num_processes + local_rank
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        recorded = local_rank in read_failures(self._failure_dir)
+        how = describe_exit(code, recorded, proc.pid in read_finished(self._failure_dir))
         sys.stdout.flush()
         print(
-            f"[fabric] The process with global rank {rank} (pid {proc.pid}) {how}; {where}. "
-            "Ending the other processes.",
+            f"[fabric] The process with global rank {rank} (pid {proc.pid}) {how}{more}. Ending the other processes.",
             file=stream or sys.stderr,
             flush=True,
         )
@@ -164,38 +164,51 @@ class SubprocessScriptLauncher(Launcher):
         previous = sys.excepthook
 
         def hook(*exc_info: Any) -> None:
+            # Children that had already failed when rank 0 did; one that ends after this (for example on the
+            # abort mark rank 0 leaves, with exit code 1 and no record) followed rank 0 and is not blamed.
+            failed_at = time.time()
+            exited_before = {rank for rank, proc in enumerate(self.procs, start=1) if proc.poll()}
             self._main_failed = True
             previous(*exc_info)
-            self._blame_child_that_failed_first()
+            self._blame_child_that_failed_first(failed_at, exited_before)
 
         sys.excepthook = hook
 
-    def _blame_child_that_failed_first(self) -> None:
+    def _blame_child_that_failed_first(self, failed_at: float, exited_before: set[int]) -> None:
         """Rank 0 often fails only because a child died and left the process group: name that child.
 
-        Children record their failure before they leave the group, so the record is there by now.
+        Blamed: a child that recorded its error before rank 0 failed (children record before they leave the
+        group, so the record is there by now), one killed by a signal, or one that had exited with an error already.
         """
-        failed = self._first_failed_child(include_running=True)
+        blamed = self._child_to_blame(failed_at, exited_before)
         # A child killed by a signal writes no record, and its exit can be missed for a moment: Popen.poll()
         # answers None while the watcher thread holds the child's wait lock. Look again briefly, or the
         # line naming the killed rank is lost (the exit hook then ends the job silently).
         deadline = time.monotonic() + _BLAME_WAIT_SECONDS
-        while failed is None and time.monotonic() < deadline:
+        while blamed is None and time.monotonic() < deadline:
             time.sleep(_POLL_SECONDS)
-            failed = self._first_failed_child(include_running=True)
-        if failed is not None:
-            local_rank, proc, _ = failed
-            code = proc.poll() or 1
-            self._report(local_rank, proc, code, "its traceback is above, and rank 0's error followed from it")
+            blamed = self._child_to_blame(failed_at, exited_before)
+        if blamed is not None:
+            proc = self.procs[blamed - 1]
+            with contextlib.suppress(subprocess.TimeoutExpired):  # let it finish writing its traceback
+                proc.wait(timeout=_TERMINATE_GRACE_SECONDS)
+            self._report(blamed, proc, proc.poll() or 1, ", and rank 0's error followed from it")
 
-    def _first_failed_child(self, include_running: bool = False) -> tuple[int, subprocess.Popen, int] | None:
-        """The child that failed first (by the records children write), once it has finished printing.
+    def _child_to_blame(self, failed_at: float, exited_before: set[int]) -> int | None:
+        recorded = {rank: moment for rank, moment in read_failures(self._failure_dir).items() if moment <= failed_at}
+        if recorded:
+            return min(recorded, key=lambda rank: recorded[rank])
+        codes = {rank: proc.poll() for rank, proc in enumerate(self.procs, start=1)}
+        killed = [rank for rank, code in codes.items() if code is not None and code < 0]
+        candidates = killed or sorted(exited_before)
+        return candidates[0] if candidates else None
 
-        Without `include_running`, only act once some child has exited with an error.
-        """
+    def _first_failed_child(self) -> tuple[int, subprocess.Popen, int] | None:
+        """Once some child has exited with an error: the child that failed first (by the records children write),
+        once it has finished printing."""
         recorded = read_failures(self._failure_dir)
         exited = [rank for rank, proc in enumerate(self.procs, start=1) if proc.poll()]
-        if not exited and not (include_running and recorded):
+        if not exited:
             return None
         local_rank = min(recorded, key=lambda rank: recorded[rank]) if recorded else exited[0]
         proc = self.procs[local_rank - 1]
