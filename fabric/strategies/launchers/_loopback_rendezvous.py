@@ -7,21 +7,23 @@ the job's store, fabric's preemption and abort keys included. On one machine no 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous, create_rdzv_handler
 
-from fabric.strategies.launchers.fabric_run import LOOPBACK_RENDEZVOUS
 from fabric.utilities.distributed import serve_store_on_loopback
 
 
 class _LoopbackRendezvous(StaticTCPRendezvous):
     """torchrun's static rendezvous whose store server (node 0's) listens on the loopback address alone."""
 
+    backend = ""  # the name it was registered under (fabric_run.LOOPBACK_RENDEZVOUS)
+
     def get_backend(self) -> str:
         """The name `fabric run` passes to torchrun."""
-        return LOOPBACK_RENDEZVOUS
+        return self.backend
 
     def next_rendezvous(self) -> Any:
         """Serve the store on loopback before torch's own code would serve it on every interface."""
@@ -30,15 +32,18 @@ class _LoopbackRendezvous(StaticTCPRendezvous):
         return super().next_rendezvous()
 
 
-def _create(params: RendezvousParameters) -> _LoopbackRendezvous:
+def _create(backend: str, params: RendezvousParameters) -> _LoopbackRendezvous:
     params.config.setdefault("rank", 0)  # one machine: node rank 0 (torchrun sets it only for "static")
     static = create_rdzv_handler(params)
     assert isinstance(static, StaticTCPRendezvous)
-    return _LoopbackRendezvous(
+    handler = _LoopbackRendezvous(
         static.master_addr, static.master_port, 0, static.world_size, static.run_id, int(static.timeout.total_seconds())
     )
+    handler.backend = backend
+    return handler
 
 
-def register() -> None:
-    """Make LOOPBACK_RENDEZVOUS known to torchrun in this process (again is fine: the same creator)."""
-    rendezvous_handler_registry.register(LOOPBACK_RENDEZVOUS, _create)
+@functools.cache
+def register(backend: str) -> None:
+    """Make `backend` name this rendezvous for torchrun in this process (once: torch refuses a second creator)."""
+    rendezvous_handler_registry.register(backend, functools.partial(_create, backend))

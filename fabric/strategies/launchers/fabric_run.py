@@ -43,7 +43,7 @@ def run_agent(torchrun_argv: list[str]) -> int:
 
     from fabric.strategies.launchers import _loopback_rendezvous
 
-    _loopback_rendezvous.register()
+    _loopback_rendezvous.register(LOOPBACK_RENDEZVOUS)
     failure_dir = tempfile.mkdtemp(prefix="fabric-run-failures-")
     os.environ[FAILURE_DIR_ENV] = failure_dir
     os.environ[PARENT_PID_ENV] = str(os.getpid())
