@@ -15,12 +15,13 @@ from typing import Any
 from fabric._cli_flags import CLI_ENV_PREFIX, LIGHTNING_CLI_USED, LIGHTNING_ENV_PREFIX
 from fabric.precision._names import PRECISIONS
 from fabric.strategies import STRATEGY_REGISTRY
-from fabric.strategies.launchers.fabric_run import worker_command
+from fabric.strategies.launchers.fabric_run import LOOPBACK_RENDEZVOUS, worker_command
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 LEGACY_PRECISIONS = ("32", "64", "16", "bf16")
 DEFAULT_DEVICES = "1"  # like `lightning run model`: one process unless asked, never all GPUs by surprise
 DEFAULT_MAIN_PORT = 29400
+LOOPBACK = "127.0.0.1"
 
 
 def _positive_int(text: str) -> int:
@@ -207,6 +208,9 @@ def _run(args: argparse.Namespace) -> int:
             f" --num-nodes {args.num_nodes} --node-rank {args.node_rank}",
         )
     nproc, visible = process_layout(args.accelerator, args.devices)
+    if args.num_nodes == 1:
+        # No other machine needs the rendezvous: its store listens on loopback only (see torchrun_args).
+        args.main_address = LOOPBACK
     if args.node_rank == 0:
         check_port_free(args.main_address, args.main_port)
     os.environ.update(cli_environment(args, nproc))
@@ -303,13 +307,16 @@ def _thread_default(nproc: int) -> dict[str, str]:
 
 
 def torchrun_args(args: argparse.Namespace, nproc: int) -> list[str]:
-    """The command line for torch.distributed.run."""
+    """The command line for torch.distributed.run; on one machine its rendezvous store listens on loopback only."""
+    if args.num_nodes == 1:
+        rendezvous = [f"--rdzv_backend={LOOPBACK_RENDEZVOUS}", f"--rdzv_endpoint={LOOPBACK}:{args.main_port}"]
+    else:
+        rendezvous = [f"--master_addr={args.main_address}", f"--master_port={args.main_port}"]
     return [
         f"--nproc_per_node={nproc}",
         f"--nnodes={args.num_nodes}",
         f"--node_rank={args.node_rank}",
-        f"--master_addr={args.main_address}",
-        f"--master_port={args.main_port}",
+        *rendezvous,
         *worker_command(args.script, args.script_args),
     ]
 

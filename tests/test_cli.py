@@ -545,3 +545,12 @@ def test_consolidate_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 0
     text = capsys.readouterr().out
     assert "CHECKPOINT_DIR" in text and "OUTPUT_FILE" in text and "--force" in text
+
+
+def test_one_machine_uses_the_loopback_rendezvous(script: Path, launched: list[list[str]]) -> None:
+    # Its store then listens on 127.0.0.1 alone, whatever --main-address says: no other host needs it.
+    port = _free_port()
+    argv = ["run", "--accelerator", "cpu", "--devices", "2", "--main-address", "10.9.8.7", "--main-port", str(port)]
+    assert cli.main([*argv, str(script)]) == 0
+    assert launched[0][:5] == ["--nproc_per_node=2", "--nnodes=1", "--node_rank=0",
+                               "--rdzv_backend=fabric-loopback", f"--rdzv_endpoint=127.0.0.1:{port}"]  # fmt: skip

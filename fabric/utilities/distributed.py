@@ -101,23 +101,69 @@ def init_process_group(
 
     The store gets at least _MIN_RENDEZVOUS_TIMEOUT: `timeout` is meant for collectives, and a short one
     (seconds, to fail fast when a rank is stuck) would otherwise fail the start while the other processes
-    are still importing torch.
+    are still importing torch. On a loopback main address (every single-machine job fabric launches) rank 0
+    serves the store on that address only, so no other host can reach it.
     """
-    host = f"[{main_address}]" if ":" in main_address else main_address
-    # torch's own tcp:// handler, so torchrun's agent store and multi-tenant stores work as before.
-    store, _, _ = next(
-        dist.rendezvous(
-            f"tcp://{host}:{main_port}",
-            rank,
-            world_size,
-            timeout=max(timeout, _MIN_RENDEZVOUS_TIMEOUT),
-        )
-    )
+    store_timeout = max(timeout, _MIN_RENDEZVOUS_TIMEOUT)
+    store = serve_store_on_loopback(main_address, main_port, world_size, store_timeout) if rank == 0 else None
+    if store is None:
+        host = f"[{main_address}]" if ":" in main_address else main_address
+        # torch's own tcp:// handler, so torchrun's agent store and multi-tenant stores work as before.
+        store, _, _ = next(dist.rendezvous(f"tcp://{host}:{main_port}", rank, world_size, timeout=store_timeout))
     store.set_timeout(timeout)  # what init_process_group does after its own rendezvous
     dist.init_process_group(
         backend=backend, store=store, world_size=world_size, rank=rank, timeout=timeout, device_id=device_id
     )
     return store
+
+
+def serve_store_on_loopback(address: str, port: int, world_size: int, timeout: timedelta) -> Any:
+    """A TCPStore server listening on `address` alone when it is a loopback address; else None.
+
+    torch's TCPStore server listens on every interface, whatever address it is given, and anyone who reaches the
+    port can read and write every key (fabric's preemption and abort keys included). Handing it a socket bound to
+    the loopback address keeps it on this machine. None also when torchrun's agent serves the store (its workers
+    only connect) or the port is taken (torch's own rendezvous then reports it, or reuses a store of this process).
+    """
+    import socket
+
+    if _agent_serves_store():
+        return None
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    if not infos or not all(_is_loopback(str(info[4][0])) for info in infos):
+        return None
+    family, kind, proto, _, sockaddr = infos[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch does: TIME_WAIT does not block
+        listener.bind(sockaddr)
+        listener.listen(socket.SOMAXCONN)
+    except OSError:
+        listener.close()
+        return None
+    # The store owns the descriptor from here on and closes it with the server.
+    fd = listener.detach()
+    return dist.TCPStore(address, port, world_size, True, timeout, multi_tenant=True, master_listen_fd=fd)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _agent_serves_store() -> bool:
+    """Whether torchrun's agent hosts the store its workers join (torch's own test; assume so if it is gone)."""
+    import importlib
+
+    check = getattr(importlib.import_module("torch.distributed.rendezvous"), "_torchelastic_use_agent_store", None)
+    return check is None or bool(check())
 
 
 def default_store() -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -154,3 +155,72 @@ def test_missing_script_and_bad_option(tmp_path: Path) -> None:
     code, _, err = _run([*FABRIC, "run", "--precision", "8-true", "cli_report.py"], timeout=30)
     assert code == 2
     assert "argument --precision: invalid choice: '8-true'" in err
+
+
+# -- stopping `fabric run` -------------------------------------------------------------------------------
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _wait_at_rendezvous(proc: subprocess.Popen, node_rank: int, port: int) -> None:
+    """Until `fabric run` waits at the rendezvous: node 0 serves the store on PORT, node 1 runs torchrun's loop."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if node_rank == 0:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+        # torchrun names its main thread when it starts; the rendezvous follows at once.
+        elif Path(f"/proc/{proc.pid}/comm").read_text().strip() == "pt_elastic":
+            time.sleep(1.0)  # inside the store's connect loop
+            return
+        time.sleep(0.1)
+    _finish(proc, time.monotonic())
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="the test finds the processes in /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("node_rank", [0, 1])
+def test_a_signal_stops_fabric_run_waiting_at_the_rendezvous(tmp_path: Path, signum: int, node_rank: int) -> None:
+    # Node 1 of 2 with nobody serving the address, or node 0 waiting for a node 1 that never comes up: torch's
+    # store loops in C++, where Python's signal handlers never ran (only SIGKILL ended it).
+    port = _free_port()
+    argv = ["run", "--accelerator", "cpu", "--devices", "2", "--num-nodes", "2", "--node-rank", str(node_rank),
+            "--main-address", "127.0.0.1", "--main-port", str(port), "cli_report.py", str(tmp_path)]  # fmt: skip
+    proc = _start([sys.executable, "-m", "fabric", *argv])
+    _wait_at_rendezvous(proc, node_rank, port)
+    assert _children_of(proc.pid) == [], "no worker starts before the rendezvous completes"
+    proc.send_signal(signum)
+    code, _, err = _finish(proc, time.monotonic() + 60)  # a failure bound, not a timing assertion
+    assert code == 128 + signum, err
+    name = signal.Signals(signum).name
+    assert f"fabric run: stopped by {name} while none of its processes was running" in err, err
+    assert not list(tmp_path.glob("rank*.json")), "no script ran"
+
+
+def test_sigterm_ends_a_script_that_does_not_read_preempted_with_128_plus_15(tmp_path: Path) -> None:
+    port = str(_free_port())
+    script = [str(runner.SCRIPTS / "ends_job.py"), str(tmp_path), "external", "train"]  # never reads preempted
+    proc = _start([sys.executable, "-m", "fabric", "run", "--accelerator", "cpu", "--devices", "2",
+                   "--main-port", port, *script])  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"rank{rank}.pid.json").exists() for rank in (0, 1)):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _finish(proc, time.monotonic())
+            pytest.fail("the ranks did not start")
+        time.sleep(0.1)
+    pids = [json.loads((tmp_path / f"rank{rank}.pid.json").read_text())["pid"] for rank in (0, 1)]
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = _finish(proc, time.monotonic() + 60)
+    assert code == 128 + signal.SIGTERM, err
+    assert "fabric run: stopped by SIGTERM. It was passed on to the workers, and it ended global rank(s) " in err
+    assert "failed first" not in err, err
+    assert runner.wait_gone(pids, 5.0) == [], "a rank outlived fabric run"
+    assert not list(tmp_path.glob("*.unexpected.json"))

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
+import subprocess
 from pathlib import Path
 
 import _it_runner as runner
@@ -11,6 +14,7 @@ import pytest
 import torch
 
 from fabric import Fabric
+from fabric.environments.default import find_free_port
 
 pytestmark = pytest.mark.multiprocess
 
@@ -109,3 +113,38 @@ def test_setup_in_the_calling_process_after_launch_fn_says_to_move_it_into_fn() 
     fabric.launch(_noop)
     with pytest.raises(RuntimeError, match=r"fabric\.setup\(\) was called in the process that called fabric\.launch"):
         fabric.setup(torch.nn.Linear(2, 2))
+
+
+def _non_loopback_addresses() -> list[str]:
+    """This machine's own addresses that other hosts could use (not loopback, not link-local)."""
+    try:
+        words = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        words = []
+    found = []
+    for word in words:
+        with contextlib.suppress(ValueError):
+            address = ipaddress.ip_address(word)
+            if not (address.is_loopback or address.is_link_local):
+                found.append(word)
+    return found
+
+
+@pytest.mark.parametrize("start", ["ddp", "spawn", "fabric_run"])
+def test_a_single_machine_job_serves_its_store_on_loopback_only(tmp_path: Path, start: str) -> None:
+    # Whoever reaches the store can set fabric's preemption and abort keys, and stop the job.
+    addresses = _non_loopback_addresses()
+    if not addresses:
+        pytest.skip("this machine has no non-loopback address to probe the store on")
+    script = [str(runner.SCRIPTS / "store_exposure.py"), str(tmp_path)]
+    if start == "fabric_run":
+        command = ["-m", "fabric", "run", "--accelerator", "cpu", "--devices", "2", "--main-port",
+                   str(find_free_port()), *script, "external", ",".join(addresses)]  # fmt: skip
+    else:
+        command = [*script, start, ",".join(addresses)]
+    run = runner.run_python(command, timeout=90)
+    assert run.returncode == 0, run.output
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    assert probe["results"]["127.0.0.1"] == 0, "the ranks' own address reaches the store"
+    reached = [address for address in addresses if probe["results"][address] == 0]
+    assert reached == [], f"the store on port {probe['port']} is reachable on {reached}"

@@ -7,11 +7,15 @@ the time it failed) so that the test can bound the time from the failure to the 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import _it_runner as runner
 import pytest
+
+from fabric.environments.default import find_free_port
 
 pytestmark = pytest.mark.multiprocess
 
@@ -105,3 +109,59 @@ def test_launch_function_names_root_cause_when_peer_waits_in_collective(tmp_path
 def test_launch_function_rank1_dies(tmp_path: Path, strategy: str, scenario: str, expected: str) -> None:
     result = _run_launch_function(tmp_path, strategy, scenario)
     assert expected in result["message"], result["message"]
+
+
+def test_failed_spawn_leaves_no_traceback_file_in_the_temp_folder(tmp_path: Path) -> None:
+    # torch's spawn wrapper pickles a raising rank's traceback into a world-readable pytorch-errorfile-*.pickle.
+    temp, outdir = tmp_path / "tmp", tmp_path / "out"
+    temp.mkdir()
+    outdir.mkdir()
+    script = [sys.executable, str(runner.SCRIPTS / "fail_launch_function.py"), str(outdir), "ddp_spawn", "raise_busy"]
+    proc = subprocess.run(script, capture_output=True, text=True, cwd=runner.SCRIPTS, timeout=JOB_TIMEOUT,
+                          env={**runner.script_env(), "TMPDIR": str(temp)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = _read(outdir / "result.json")
+    assert "global rank 1 raised an exception" in result["message"] and FUNCTION_MESSAGE in result["message"]
+    assert not list(temp.glob("pytorch-errorfile-*")), "a rank's traceback file was left behind"
+
+
+# -- a rank that aborts while exiting, after its work: no error was printed, so none is referred to -----------
+def test_ddp_rank_aborted_while_exiting_is_described_as_such(tmp_path: Path) -> None:
+    run = runner.run_script("abort_at_exit.py", str(tmp_path), "ddp", timeout=JOB_TIMEOUT)
+    assert run.returncode != 0, run.output
+    pid = _read(tmp_path / "rank1.finished.json")["pid"]
+    assert (
+        f"[fabric] The process with global rank 1 (pid {pid}) was killed by SIGABRT while exiting, after its "
+        "script had finished; it recorded no Python error. Ending the other processes." in run.stderr
+    ), run.output
+    assert "traceback is above" not in run.stderr, run.output
+
+
+def test_spawn_rank_aborted_while_exiting_is_described_as_such(tmp_path: Path) -> None:
+    run = runner.run_script("abort_at_exit.py", str(tmp_path), "spawn", timeout=JOB_TIMEOUT)
+    assert (
+        "fabric.launch(): the process with global rank 1 was killed by SIGABRT while exiting, after its function "
+        "had returned (it recorded no Python error); the other processes were ended." in run.stderr
+    ), run.output
+
+
+def test_fabric_run_rank_aborted_while_exiting_is_described_as_such(tmp_path: Path) -> None:
+    port = str(find_free_port())
+    run = runner.run_python(["-m", "fabric", "run", "--accelerator", "cpu", "--devices", "2", "--main-port", port,
+                             "abort_at_exit.py", str(tmp_path), "external"], timeout=JOB_TIMEOUT)  # fmt: skip
+    assert run.returncode == 1, run.output
+    pid = _read(tmp_path / "rank1.finished.json")["pid"]
+    assert (
+        "fabric run: global rank 1 failed first: it was killed by SIGABRT while exiting, after its script had "
+        f"finished (pid {pid}); it recorded no Python error." in run.stderr
+    ), run.output
+    assert "its error is above" not in run.stderr, run.output
+
+
+def test_ddp_does_not_blame_the_rank_that_rank_0s_failure_ended(tmp_path: Path) -> None:
+    # Rank 0 raises while rank 1 waits in a collective; rank 1 then ends (on rank 0's abort mark, or its broken
+    # collective) after rank 0 failed, and must not be named as the rank whose error rank 0's followed from.
+    run = _run_ddp_script(tmp_path, "rank0_blocked")
+    assert SCRIPT_MESSAGE.format(rank=0) in run.stderr
+    assert "rank 0's error followed from it" not in run.stderr, run.output
+    assert "The process with global rank 1" not in run.stderr, run.output

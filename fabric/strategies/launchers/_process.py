@@ -51,6 +51,47 @@ def read_failure_records(directory: str | None) -> dict[int, FailureRecord]:
     return records
 
 
+def record_finished() -> None:
+    """In a rank started by a fabric launcher: its script has run to its end (returned or called sys.exit).
+
+    What comes after (atexit hooks, interpreter teardown, where torch can abort a rank) then reads as "while
+    exiting" in the launcher's summary, instead of being taken for an error the rank printed.
+    """
+    directory = os.environ.get(FAILURE_DIR_ENV)
+    if directory is not None:
+        with contextlib.suppress(OSError):
+            (Path(directory) / f"pid{os.getpid()}.finished").touch()
+
+
+def read_finished(directory: str | None) -> set[int]:
+    """The pids of the ranks whose script ran to its end."""
+    if directory is None:
+        return set()
+    pids = set()
+    for path in Path(directory).glob("pid*.finished"):
+        with contextlib.suppress(ValueError):
+            pids.add(int(path.stem[3:]))
+    return pids
+
+
+def describe_exit(code: int, recorded: bool, finished: bool) -> str:
+    """How a rank ended, saying only what is known: e.g. "was killed by SIGABRT while exiting, after
+    its script had finished; it recorded no Python error"."""
+    if code < 0:
+        how, after = f"was killed by {_signal_text(-code)}", " while exiting, after its script had finished"
+    else:
+        how, after = f"exited with code {code}", " after its script had finished"
+    how += after if finished else ""
+    return f"{how}; its traceback is above" if recorded else f"{how}; it recorded no Python error"
+
+
+def _signal_text(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def read_failures(directory: str | None) -> dict[int, float]:
     """Local rank -> time of failure, from the records the ranks wrote."""
     return {rank: record.time for rank, record in read_failure_records(directory).items()}

@@ -9,6 +9,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -105,19 +106,26 @@ class MultiProcessingLauncher(Launcher):
             for signum in signals:
                 _signals.remove_catcher(signum, _keep_waiting)
                 _signals.remove_forwarder(signum, forward)
+            _remove_error_files(context)
         if payload is None and not results.empty():
             payload = results.get()
         return pickle.loads(payload) if payload is not None else None
 
     def _describe_failure(self, err: Exception, failures: Any) -> str:
         """Name the rank that failed first: the others often fail only because it left the process group."""
-        records = []
+        records, returned = [], set()
         while not failures.empty():
-            records.append(pickle.loads(failures.get()))
+            record = pickle.loads(failures.get())
+            if record[2] is None:  # the rank's function returned
+                returned.add(record[1])
+            else:
+                records.append(record)
         recorded_ranks = {local_rank for _, local_rank, _ in records}
         if isinstance(err, mp.ProcessExitedException) and err.error_index not in recorded_ranks:
             # Killed or exited without raising: it could not record anything, and its peers broke after it.
             how = f"was killed by {err.signal_name}" if err.signal_name else f"exited with code {err.exit_code}"
+            if err.error_index in returned:  # e.g. an abort in torch's teardown: no Python error to show
+                how += " while exiting, after its function had returned (it recorded no Python error)"
             local_rank, details = err.error_index, ""
         elif records:
             _, local_rank, details = min(records)
@@ -148,11 +156,16 @@ def _worker(
     os.environ["LOCAL_RANK"] = str(local_rank)
     try:
         result = function(*args)
-    except BaseException:
+    except BaseException as err:
         # Recorded before this process leaves the process group, so it is earlier than any error it causes.
         details = traceback.format_exc()[-_MAX_TRACEBACK_CHARS:]
         failures.put(pickle.dumps((time.time(), local_rank, details)))
+        if isinstance(err, Exception):
+            # Exit instead of raising: torch's wrapper would pickle the traceback into a world-readable
+            # pytorch-errorfile-*.pickle in the temp folder; the launcher has it from the record already.
+            raise SystemExit(1) from None
         raise
+    failures.put(pickle.dumps((time.time(), local_rank, None)))  # returned: a later death happened while exiting
     if local_rank == 0 and env["NODE_RANK"] == "0":
         # Plain pickle bytes: torch's queue would pass tensors as shared-memory handles that die with this process.
         results.put(pickle.dumps(_to_cpu(result)))
@@ -169,6 +182,13 @@ class _Forwarder:
             if process.is_alive() and process.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signum)
+
+
+def _remove_error_files(context: Any) -> None:
+    """Delete the traceback files torch's wrapper writes for ranks that raised (anything the worker let through)."""
+    for path in getattr(context, "error_files", []):
+        with contextlib.suppress(OSError, TypeError):
+            Path(path).unlink()
 
 
 def _keep_waiting(signum: int) -> None:

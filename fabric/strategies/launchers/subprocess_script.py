@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fabric.strategies.launchers._process import FAILURE_DIR_ENV, die_with_parent, read_failures
+from fabric.strategies.launchers import _run_worker
+from fabric.strategies.launchers._process import FAILURE_DIR_ENV, describe_exit, read_failures, read_finished
 from fabric.strategies.launchers._process import report_failures_to_parent as report_failures_to_parent
 from fabric.strategies.launchers.launcher import Launcher
 from fabric.utilities import _signals
@@ -27,12 +28,12 @@ _BLAME_WAIT_SECONDS = 1.0
 
 
 def _script_command() -> list[str]:
-    """The command that started this process, so the children run the same thing."""
+    """The command that runs what started this process (through the worker entry), so the children run the same."""
     import __main__
 
     spec = getattr(__main__, "__spec__", None)
     if spec is not None and spec.name != "__main__":  # started as `python -m package.module`
-        return [sys.executable, "-m", spec.name, *sys.argv[1:]]
+        return _run_worker.command(["-m", spec.name, *sys.argv[1:]])
     main_file = getattr(__main__, "__file__", None)
     # `python - < code.py` sets __file__ to "<stdin>": no file a child could re-run, like a notebook or REPL.
     if main_file is None or not Path(main_file).is_file():
@@ -41,7 +42,7 @@ def _script_command() -> list[str]:
             "session has no script file (a notebook or an interactive shell). Use strategy='ddp_notebook' "
             "(or 'ddp_spawn') and pass a function to fabric.launch(fn)."
         )
-    return [sys.executable, str(Path(main_file).resolve()), *sys.argv[1:]]
+    return _run_worker.command([str(Path(main_file).resolve()), *sys.argv[1:]])
 
 
 class SubprocessScriptLauncher(Launcher):
@@ -102,10 +103,12 @@ class SubprocessScriptLauncher(Launcher):
             LOCAL_RANK=str(local_rank),
             WORLD_SIZE=str(self.num_processes * self.num_nodes),
         )
+        # The worker entry asks Linux to end the child when this process dies (no preexec_fn: this process may
+        # already run threads, and code between fork and exec must not take their locks).
+        env[_run_worker.PARENT_PID_ENV] = str(os.getpid())
         if self._failure_dir is not None:
             env[FAILURE_DIR_ENV] = self._failure_dir
-        parent = os.getpid()
-        return subprocess.Popen(command, env=env, preexec_fn=lambda: die_with_parent(parent))
+        return subprocess.Popen(command, env=env)
 
     def _watch(self) -> None:
         """End the job when a child fails, instead of letting the others hang in a collective."""
@@ -119,26 +122,26 @@ class SubprocessScriptLauncher(Launcher):
             time.sleep(_POLL_SECONDS)
 
     def _fail(self, local_rank: int, proc: subprocess.Popen, code: int) -> None:
+        if self._main_failed:
+            return  # rank 0 is failing: its excepthook names the rank to blame, its exit hook ends the children
         # Written to the stream saved at launch: torch's excepthook swaps sys.stderr for a StringIO while
         # rank 0 prints its own traceback, and os._exit would drop whatever this thread wrote into it.
-        if self._report(local_rank, proc, code, "its traceback is above", self._stderr):
-            if self._main_failed:
-                return  # rank 0 is printing its traceback; its exit hook ends the children after that
+        if self._report(local_rank, proc, code, "", self._stderr):
             self._terminate_children()
             os._exit(1)
 
-    def _report(self, local_rank: int, proc: subprocess.Popen, code: int, where: str, stream: Any = None) -> bool:
-        """Print, once for the whole job, which rank failed; False if another thread already did."""
+    def _report(self, local_rank: int, proc: subprocess.Popen, code: int, more: str, stream: Any = None) -> bool:
+        """Print, once for the whole job, which rank failed and what is known of how; False if already done."""
         with self._lock:
             if self._ending:
                 return False
             self._ending = True
         rank = self.node_rank * self.num_processes + local_rank
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        recorded = local_rank in read_failures(self._failure_dir)
+        how = describe_exit(code, recorded, proc.pid in read_finished(self._failure_dir))
         sys.stdout.flush()
         print(
-            f"[fabric] The process with global rank {rank} (pid {proc.pid}) {how}; {where}. "
-            "Ending the other processes.",
+            f"[fabric] The process with global rank {rank} (pid {proc.pid}) {how}{more}. Ending the other processes.",
             file=stream or sys.stderr,
             flush=True,
         )
@@ -161,38 +164,51 @@ class SubprocessScriptLauncher(Launcher):
         previous = sys.excepthook
 
         def hook(*exc_info: Any) -> None:
+            # Children that had already failed when rank 0 did; one that ends after this (for example on the
+            # abort mark rank 0 leaves, with exit code 1 and no record) followed rank 0 and is not blamed.
+            failed_at = time.time()
+            exited_before = {rank for rank, proc in enumerate(self.procs, start=1) if proc.poll()}
             self._main_failed = True
             previous(*exc_info)
-            self._blame_child_that_failed_first()
+            self._blame_child_that_failed_first(failed_at, exited_before)
 
         sys.excepthook = hook
 
-    def _blame_child_that_failed_first(self) -> None:
+    def _blame_child_that_failed_first(self, failed_at: float, exited_before: set[int]) -> None:
         """Rank 0 often fails only because a child died and left the process group: name that child.
 
-        Children record their failure before they leave the group, so the record is there by now.
+        Blamed: a child that recorded its error before rank 0 failed (children record before they leave the
+        group, so the record is there by now), one killed by a signal, or one that had exited with an error already.
         """
-        failed = self._first_failed_child(include_running=True)
+        blamed = self._child_to_blame(failed_at, exited_before)
         # A child killed by a signal writes no record, and its exit can be missed for a moment: Popen.poll()
         # answers None while the watcher thread holds the child's wait lock. Look again briefly, or the
         # line naming the killed rank is lost (the exit hook then ends the job silently).
         deadline = time.monotonic() + _BLAME_WAIT_SECONDS
-        while failed is None and time.monotonic() < deadline:
+        while blamed is None and time.monotonic() < deadline:
             time.sleep(_POLL_SECONDS)
-            failed = self._first_failed_child(include_running=True)
-        if failed is not None:
-            local_rank, proc, _ = failed
-            code = proc.poll() or 1
-            self._report(local_rank, proc, code, "its traceback is above, and rank 0's error followed from it")
+            blamed = self._child_to_blame(failed_at, exited_before)
+        if blamed is not None:
+            proc = self.procs[blamed - 1]
+            with contextlib.suppress(subprocess.TimeoutExpired):  # let it finish writing its traceback
+                proc.wait(timeout=_TERMINATE_GRACE_SECONDS)
+            self._report(blamed, proc, proc.poll() or 1, ", and rank 0's error followed from it")
 
-    def _first_failed_child(self, include_running: bool = False) -> tuple[int, subprocess.Popen, int] | None:
-        """The child that failed first (by the records children write), once it has finished printing.
+    def _child_to_blame(self, failed_at: float, exited_before: set[int]) -> int | None:
+        recorded = {rank: moment for rank, moment in read_failures(self._failure_dir).items() if moment <= failed_at}
+        if recorded:
+            return min(recorded, key=lambda rank: recorded[rank])
+        codes = {rank: proc.poll() for rank, proc in enumerate(self.procs, start=1)}
+        killed = [rank for rank, code in codes.items() if code is not None and code < 0]
+        candidates = killed or sorted(exited_before)
+        return candidates[0] if candidates else None
 
-        Without `include_running`, only act once some child has exited with an error.
-        """
+    def _first_failed_child(self) -> tuple[int, subprocess.Popen, int] | None:
+        """Once some child has exited with an error: the child that failed first (by the records children write),
+        once it has finished printing."""
         recorded = read_failures(self._failure_dir)
         exited = [rank for rank, proc in enumerate(self.procs, start=1) if proc.poll()]
-        if not exited and not (include_running and recorded):
+        if not exited:
             return None
         local_rank = min(recorded, key=lambda rank: recorded[rank]) if recorded else exited[0]
         proc = self.procs[local_rank - 1]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -40,6 +42,32 @@ def check_components(strategy: str, accelerator: Accelerator | None, precision: 
             "XLAPrecision, whose optimizer step runs through torch_xla. Pass precision='bf16-mixed' (or another "
             "name), or plugins=[XLAPrecision(...)]."
         )
+
+
+# Part of torch's assert when the autograd engine sized its per-device queues (at the first backward of the process)
+# before the XLA devices existed; every later XLA backward fails with it.
+_ENGINE_SIZED_TOO_EARLY = "device_ready_queues_"
+
+
+@contextlib.contextmanager
+def explain_early_backward() -> Iterator[None]:
+    """Turn torch's bare internal assert of a backward that ran before the XLA runtime started into a clear error.
+
+    The condition cannot be detected ahead at no cost (torch keeps no visible trace of its first backward), so it
+    is explained where it fails, on XLA paths only; a successful backward pays for nothing but the `try`.
+    """
+    try:
+        yield
+    except RuntimeError as err:
+        if _ENGINE_SIZED_TOO_EARLY not in str(err):
+            raise
+        raise RuntimeError(
+            "fabric.backward() on an XLA device: torch's autograd engine cannot run it, because a backward already "
+            "ran in this process before the XLA runtime started (torch sizes its per-device queues at the first "
+            "backward of a process, so the XLA devices are missing from them). Create the Fabric, or start the "
+            "XLA runtime (torch_xla.device()), before any backward in this process, for example before a CPU "
+            "warm-up step or a check that calls .backward(); or run that code in another process."
+        ) from err
 
 
 class ParameterMoves:

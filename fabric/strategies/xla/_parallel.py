@@ -101,6 +101,11 @@ class XLAParallelStrategy(ParallelStrategy):
 
         return torch_xla.device()
 
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision plugin; an autograd engine sized before XLA started is explained."""
+        with _common.explain_early_backward():
+            super().backward(tensor, module, *args, **kwargs)
+
     def setup_environment(self) -> None:
         """Mark this process as launched and select its device; torch_xla's runtime already connects the processes."""
         self._launched = True

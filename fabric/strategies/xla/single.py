@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
@@ -51,6 +52,11 @@ class SingleDeviceXLAStrategy(SingleDeviceStrategy):
         from fabric.precision.xla import XLAPrecision
 
         return XLAPrecision(name)
+
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision plugin; an autograd engine sized before XLA started is explained."""
+        with _common.explain_early_backward():
+            super().backward(tensor, module, *args, **kwargs)
 
     def setup_environment(self) -> None:
         """Load torch_xla, which registers the XLA device with torch, then select the device."""

@@ -20,7 +20,7 @@ from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies._one_process import OneProcessStrategy
 from fabric.strategies.xla import spmd_mesh
-from fabric.strategies.xla._common import ParameterMoves, check_components
+from fabric.strategies.xla._common import ParameterMoves, check_components, explain_early_backward
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
@@ -131,6 +131,11 @@ class XLASPMDStrategy(OneProcessStrategy):
     def state_dict_type(self) -> str:
         """'sharded' or 'full': the layout fabric.save writes."""
         return self._state_dict_type
+
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision plugin; an autograd engine sized before XLA started is explained."""
+        with explain_early_backward():
+            super().backward(tensor, module, *args, **kwargs)
 
     def setup_environment(self) -> None:
         """Switch torch_xla to SPMD mode before any XLA tensor exists, then build the mesh."""
