@@ -47,7 +47,9 @@ class AsyncCheckpointIO(CheckpointIO):
         self._checkpoint_io = checkpoint_io
         self._pool = BufferPool()
         self._background = _Background()
-        # Step hooks of `reserve_after_first_step` that fired but could not remove themselves yet (see there).
+        # Step hooks of `reserve_after_first_step`: all of them (removed by teardown), and those that fired but
+        # could not remove themselves yet (removed by the next save; see `_remove_after_step`).
+        self._step_hooks: list[RemovableHandle] = []
         self._spent_hooks: list[RemovableHandle] = []
         # Reports a failure nobody was told about when this object is collected or the interpreter exits (after
         # Python has joined the writing thread, which is not a daemon). It must not reference `self`.
@@ -108,6 +110,7 @@ class AsyncCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         """Wait for the save in flight (raising its error), free the copy buffers, tear the wrapped plugin down."""
+        self._spent_hooks, self._step_hooks = self._step_hooks, []
         self._remove_spent_hooks()
         try:
             self.wait()
@@ -137,6 +140,7 @@ class AsyncCheckpointIO(CheckpointIO):
                     owner.reserve({"module": module, "optimizers": opts})
 
             handle = optimizer.register_step_post_hook(hook)
+            self._step_hooks.append(handle)
 
         for optimizer in optimizers:
             watch(optimizer)
@@ -144,8 +148,8 @@ class AsyncCheckpointIO(CheckpointIO):
     def _remove_after_step(self, optimizer: Optimizer, handle: RemovableHandle) -> None:
         # Removing a hook while the optimizer iterates its post-hooks raises, unless it is the last one (the
         # iteration is past it then). Otherwise it is removed before the next save.
-        hooks = optimizer._optimizer_step_post_hooks
-        if next(reversed(hooks), None) == handle.id:
+        hooks = getattr(optimizer, "_optimizer_step_post_hooks", None)
+        if hooks is not None and next(reversed(hooks), None) == handle.id:
             handle.remove()
         else:
             self._spent_hooks.append(handle)

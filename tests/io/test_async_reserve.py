@@ -164,3 +164,10 @@ def test_a_hook_registered_after_fabric_s_is_kept_and_fabric_s_goes_at_the_next_
     fabric.save(tmp_path / "ckpt.pt", {"model": model})
     assert len(optimizer.optimizer._optimizer_step_post_hooks) == 1
     fabric.barrier()
+
+
+def test_teardown_removes_the_hooks_of_optimizers_that_never_stepped() -> None:
+    io = AsyncCheckpointIO()
+    _, (first, second) = _setup(Fabric(accelerator="cpu", devices=1, plugins=[io]), optimizers=2)
+    io.teardown()
+    assert len(first.optimizer._optimizer_step_post_hooks) == len(second.optimizer._optimizer_step_post_hooks) == 0
