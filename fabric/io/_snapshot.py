@@ -121,12 +121,13 @@ def storages_to_copy(state: Any) -> dict[_StorageKey, _SpareKey]:
     Objects with a `state_dict()` (modules, optimizers) count as that state dict, as a save converts them.
     """
     found: dict[_StorageKey, _SpareKey] = {}
-    pending, seen = [state], set()
+    pending: list[Any] = [state]
+    seen: dict[int, Any] = {}  # holds what it saw: a state dict freed early could pass its id on to the next
     while pending:
         value = pending.pop()
         if isinstance(value, _IMMUTABLE) or id(value) in seen:
             continue
-        seen.add(id(value))
+        seen[id(value)] = value
         if isinstance(value, Tensor):
             if _plain(value) and value.device.type in ("cpu", "cuda"):
                 storage = value.untyped_storage()

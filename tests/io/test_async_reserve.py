@@ -171,3 +171,15 @@ def test_teardown_removes_the_hooks_of_optimizers_that_never_stepped() -> None:
     _, (first, second) = _setup(Fabric(accelerator="cpu", devices=1, plugins=[io]), optimizers=2)
     io.teardown()
     assert len(first.optimizer._optimizer_step_post_hooks) == len(second.optimizer._optimizer_step_post_hooks) == 0
+
+
+def test_every_state_dict_of_the_state_counts_though_each_is_made_fresh() -> None:
+    class Holder:
+        def __init__(self, tensor: torch.Tensor) -> None:
+            self.tensor = tensor
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"t": self.tensor}  # a new dict each call, freed once walked
+
+    holders = [Holder(torch.randn(MIB // 4)) for _ in range(4)]
+    assert len(_snapshot.storages_to_copy({"holders": holders})) == 4
