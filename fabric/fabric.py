@@ -249,6 +249,7 @@ class Fabric:
         if move_to_device:
             self._strategy.module_to_device(module)
         forward_module, opts = self._strategy.setup_module_and_optimizers(module, optimizers)
+        self._strategy._reserve_async_save_memory(module, opts)
         original = _uncompiled(module) if _reapply_compile else module
         wrapped = self._wrap_module(forward_module, original, move_to_device, user_module)
         wrapped_opts = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in opts]

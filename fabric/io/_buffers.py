@@ -84,8 +84,16 @@ def mapped_storage(nbytes: int) -> torch.UntypedStorage:
     return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
 
 
-def populate(address: int, nbytes: int) -> None:
-    """Fault in [address, address + nbytes) of a mapping in one call (page-aligned start); best effort."""
+def populate(address: int, nbytes: int) -> bool:
+    """Fault in [address, address + nbytes) of a mapping in one call (page-aligned start); best effort.
+
+    Returns whether the kernel did it; if not, the first write to each page faults it in.
+    """
     libc = _load_libc()
-    if libc is not None:
-        libc.madvise(address, nbytes, _MADV_POPULATE_WRITE)
+    return libc is not None and libc.madvise(address, nbytes, _MADV_POPULATE_WRITE) == 0
+
+
+def fault_in(storage: torch.UntypedStorage) -> None:
+    """Make every page of a fresh buffer resident now, so that a later copy into it faults nothing."""
+    if not populate(storage.data_ptr(), storage.nbytes()):
+        ctypes.memset(storage.data_ptr(), 0, storage.nbytes())  # older kernels: writing faults each page in

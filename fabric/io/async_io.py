@@ -5,13 +5,18 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fabric.io._snapshot import BufferPool
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+    from torch.optim import Optimizer
+    from torch.utils.hooks import RemovableHandle
 
 
 class AsyncCheckpointIO(CheckpointIO):
@@ -42,6 +47,10 @@ class AsyncCheckpointIO(CheckpointIO):
         self._checkpoint_io = checkpoint_io
         self._pool = BufferPool()
         self._background = _Background()
+        # Step hooks of `reserve_after_first_step`: all of them (removed by teardown), and those that fired but
+        # could not remove themselves yet (removed by the next save; see `_remove_after_step`).
+        self._step_hooks: list[RemovableHandle] = []
+        self._spent_hooks: list[RemovableHandle] = []
         # Reports a failure nobody was told about when this object is collected or the interpreter exits (after
         # Python has joined the writing thread, which is not a daemon). It must not reference `self`.
         self._finalizer = weakref.finalize(self, self._background.close)
@@ -51,8 +60,20 @@ class AsyncCheckpointIO(CheckpointIO):
         """The plugin that writes and reads the files."""
         return self._checkpoint_io
 
+    def reserve(self, state: Any) -> int:
+        """Prepare the memory the next save of `state` copies into, in the background; returns its bytes.
+
+        `state` is what you will pass to `fabric.save` (modules and optimizers count as their state dicts). A
+        daemon thread allocates the CPU buffers for its tensors of 1 MiB and more that are not held yet and
+        faults their pages in, so the first save only copies. Call it once the state has its final tensors
+        (for optimizers: after the first step, which creates Adam's moments). A save waits for a reservation
+        still running; buffers the save does not use are freed. Fabric calls it after the first optimizer step.
+        """
+        return self._pool.reserve(state)
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         """Wait for the previous save, copy `checkpoint`, and write the copy in the background."""
+        self._remove_spent_hooks()
         self.wait()
         snapshot = self._pool.snapshot(checkpoint)
         writer = self._checkpoint_io
@@ -89,11 +110,54 @@ class AsyncCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         """Wait for the save in flight (raising its error), free the copy buffers, tear the wrapped plugin down."""
+        self._spent_hooks, self._step_hooks = self._step_hooks, []
+        self._remove_spent_hooks()
         try:
             self.wait()
         finally:
             self._pool.clear()
             self._checkpoint_io.teardown()
+
+    def reserve_after_first_step(self, module: Module, optimizers: Sequence[Optimizer]) -> None:
+        """Reserve the buffers of a save of `module` and `optimizers` once each optimizer has stepped.
+
+        One-shot step post-hooks: the last to fire calls `reserve` (the optimizers' state exists by then), and
+        each is removed after its call, so later steps run no hook at all.
+        """
+        io, target = weakref.ref(self), weakref.ref(module)
+        every = [weakref.ref(optimizer) for optimizer in optimizers]
+        waiting = {id(optimizer) for optimizer in optimizers}
+
+        def watch(optimizer: Optimizer) -> None:
+            def hook(stepped: Optimizer, args: Any, kwargs: Any) -> None:
+                owner = io()
+                if id(stepped) not in waiting or owner is None:  # fired before: waits for its removal
+                    return
+                waiting.discard(id(stepped))
+                owner._remove_after_step(stepped, handle)
+                module, opts = target(), [ref() for ref in every]
+                if not waiting and module is not None and None not in opts:
+                    owner.reserve({"module": module, "optimizers": opts})
+
+            handle = optimizer.register_step_post_hook(hook)
+            self._step_hooks.append(handle)
+
+        for optimizer in optimizers:
+            watch(optimizer)
+
+    def _remove_after_step(self, optimizer: Optimizer, handle: RemovableHandle) -> None:
+        # Removing a hook while the optimizer iterates its post-hooks raises, unless it is the last one (the
+        # iteration is past it then). Otherwise it is removed before the next save.
+        hooks = getattr(optimizer, "_optimizer_step_post_hooks", None)
+        if hooks is not None and next(reversed(hooks), None) == handle.id:
+            handle.remove()
+        else:
+            self._spent_hooks.append(handle)
+
+    def _remove_spent_hooks(self) -> None:
+        for handle in self._spent_hooks:
+            handle.remove()
+        self._spent_hooks = []
 
     # Spawned processes receive the strategy pickled: start each with its own (idle) thread state and buffers.
     def __getstate__(self) -> dict[str, Any]:

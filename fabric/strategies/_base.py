@@ -171,6 +171,20 @@ class _StrategyComponents:
         return bool(total == self.world_size) if all else bool(total > 0)  # type: ignore[attr-defined]
 
     # -- checkpoints --------------------------------------------------------------------------------
+    def _reserve_async_save_memory(self, module: Module, optimizers: list[Optimizer]) -> None:
+        """With AsyncCheckpointIO, fault in the first save's buffers in the background after the first step.
+
+        Only where this process saves the live tensors (rank 0 of this class's single-file save); strategies
+        that gather or shard the state save other tensors. Synchronous saves get nothing added.
+        """
+        io = self._checkpoint_io
+        reserve = getattr(io, "reserve_after_first_step", None)
+        own = (_StrategyComponents.save_checkpoint, _StrategyComponents.get_module_state_dict,
+               _StrategyComponents.get_optimizer_state)  # fmt: skip
+        methods = (type(self).save_checkpoint, type(self).get_module_state_dict, type(self).get_optimizer_state)
+        if reserve is not None and methods == own and self.is_global_zero:
+            reserve(module, optimizers)
+
     def get_module_state_dict(self, module: Module) -> dict[str, Any]:
         """The full state dict of a module."""
         return module.state_dict()

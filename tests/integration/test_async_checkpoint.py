@@ -90,6 +90,12 @@ def test_ddp_and_full_checkpoints_load_right_after_an_async_save_on_every_rank(
         assert result["ddp_raw"] is True
 
 
+def test_ddp_reserves_the_first_save_s_buffers_on_rank_0_only(sharded: list[dict[str, Any]]) -> None:
+    rank0, rank1 = _check(sharded, "ddp_reserves_on_rank_0_only")
+    assert rank0 == {"hooks": 1, "reserved": 3 * 2 * 2**20, "equal": True}, "weight, exp_avg, exp_avg_sq"
+    assert rank1 == {"hooks": 0, "reserved": 0, "equal": True}, "rank 1 writes nothing, so reserves nothing"
+
+
 def test_teardown_waits_for_the_last_sharded_save(sharded: list[dict[str, Any]]) -> None:
     for result in sharded:
         assert result["last_complete"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]

@@ -129,8 +129,29 @@ def other_strategies(fabric: Fabric, outdir: Path) -> Any:
     return results
 
 
+def ddp_reserves_on_rank_0_only(fabric: Fabric, outdir: Path) -> Any:
+    """DDP with an optimizer: after the first step rank 0 (the one that writes) reserves the first save's buffers."""
+    io = AsyncCheckpointIO()
+    ddp = Fabric(accelerator="cpu", strategy="ddp", devices=2, plugins=[io])
+    ddp.launch()
+    torch.manual_seed(0)
+    module = nn.Linear(512, 1024)  # a 2 MiB weight: reserved with its two Adam moments
+    model, optimizer = ddp.setup(module, torch.optim.Adam(module.parameters()))
+    hooks = len(optimizer.optimizer._optimizer_step_post_hooks)
+    ddp.backward(model(torch.randn(2, 512)).sum())
+    optimizer.step()
+    io._pool._collect_reservation()
+    reserved = io._pool.nbytes
+    ddp.save(outdir / "ddp_reserved.pt", {"model": model, "optimizer": optimizer})
+    ddp.barrier()
+    loaded = torch.load(outdir / "ddp_reserved.pt", weights_only=True)
+    equal = torch.equal(loaded["model"]["weight"], module.weight.detach())
+    return {"hooks": hooks, "reserved": reserved, "equal": equal}
+
+
 CHECKS: list[Callable[[Fabric, Path], Any]] = [
     snapshot_and_training_during_write, second_save_wins, background_failure, other_strategies,
+    ddp_reserves_on_rank_0_only,
 ]  # fmt: skip
 
 
