@@ -74,6 +74,9 @@ class Fabric:
         self._launched = False
         self._launch_called = False
         self._backward_state = _BackwardState()
+        # No loss scaling or strategy step in backward: `fabric.backward(loss)` is `loss.backward()` (every step).
+        plain = self._strategy._runs_base("backward") and not self._strategy.precision.requires_fabric_backward
+        self._plain_backward = plain
         self._preempt_announced = False
         if type(self).run is not Fabric.run:
             # Lightning's subclass style: MyFabric(...).run(args) launches the processes and runs it in each.
@@ -364,6 +367,9 @@ class Fabric:
             name = type(self._strategy).__name__
             _mistakes.check_backward_has_model(self._setup_record.has_modules, self.world_size, name)
             self._backward_checked = True
+        if self._plain_backward:
+            tensor.backward(*args, **kwargs)
+            return
         module = model._forward_module if model is not None and isinstance(model, _FabricModule) else model
         self._backward_state.active = True
         try:

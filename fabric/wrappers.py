@@ -162,6 +162,8 @@ class _FabricOptimizer:
         self.__class__ = type("Fabric" + type(optimizer).__name__, (self.__class__, type(optimizer)), {})
         self._fabric_optimizer = optimizer
         self._fabric_strategy = strategy
+        # Neither the strategy nor its precision adds anything to a step: call the optimizer's own (every step).
+        self._fabric_plain_step = strategy._runs_base("optimizer_step")
         # The Fabric's own list (not a copy): a LightningModule set up later is called too, as in Lightning.
         self._fabric_callbacks = callbacks if callbacks is not None else []
 
@@ -199,7 +201,9 @@ class _FabricOptimizer:
 
     def step(self, closure: Any = None) -> Any:
         """Step through the strategy (and so the precision plugin's scaler, if any)."""
-        if closure is None:
+        if self._fabric_plain_step:
+            output = self._fabric_optimizer.step() if closure is None else self._fabric_optimizer.step(closure)
+        elif closure is None:
             output = self._fabric_strategy.optimizer_step(self._fabric_optimizer)
         else:
             output = self._fabric_strategy.optimizer_step(self._fabric_optimizer, closure=closure)

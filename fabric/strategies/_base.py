@@ -134,6 +134,15 @@ class _StrategyComponents:
         stack.enter_context(self.precision.tensor_init_context())
         return stack
 
+    def _runs_base(self, method: str) -> bool:
+        """Whether this strategy's `method` ("backward" or "optimizer_step") and its precision plugin's are the
+        base ones, which only call torch's own: the caller may then call torch directly, every step."""
+        from fabric.precision.precision import Precision
+
+        precision = self._precision or self.precision
+        base = getattr(_StrategyComponents, method), getattr(Precision, method)
+        return (getattr(type(self), method), getattr(type(precision), method)) == base
+
     # These two run every step: the plugin is read from its slot (set once connected), not through the property.
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         """Backward through the precision plugin."""
