@@ -102,12 +102,15 @@ def peer_python(arg: str | None) -> str | None:
 # Versions from the installed metadata, without importing torch: a probe costs a fraction of a second.
 PROBE = (
     "import importlib.metadata as md, importlib.util as u, json\n"
-    "def v(m, d):\n"
-    "    try: return md.version(d) if u.find_spec(m) else None\n"
-    "    except Exception: return '?'\n"
+    "def v(m, *ds):\n"
+    "    if not u.find_spec(m): return None\n"
+    "    for d in ds:\n"
+    "        try: return md.version(d)\n"
+    "        except Exception: pass\n"
+    "    return '?'\n"
     "print('{marker}' + json.dumps({{'torch': md.version('torch'), 'python': '.'.join(map(str, __import__('sys')"
     ".version_info[:3])), 'fabric': v('fabric', 'torchfabric'), 'lightning_fabric': v('lightning_fabric', "
-    "'lightning-fabric'), 'accelerate': v('accelerate', 'accelerate')}}))"
+    "'lightning-fabric', 'lightning'), 'accelerate': v('accelerate', 'accelerate')}}))"
 )
 
 
