@@ -1,8 +1,8 @@
 """Each rank's record of its last fabric collective, published with a heartbeat to the rendezvous store.
 
-The calling thread only counts and assigns (a few microseconds); a background thread per rank pushes the latest
-record to the store when it changed (at most every 0.1 s) and at least every second as a heartbeat, so a timed-out
-rank can read where every other rank is without any collective.
+The calling thread only counts and assigns a few fields (no string, no object built per call); a background
+thread per rank pushes the latest record to the store when it changed (at most every 0.1 s) and at least every
+second as a heartbeat, so a timed-out rank can read where every other rank is without any collective.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
-from fabric.diagnostics.callsite import call_site
+from fabric.diagnostics.callsite import site_text
 
 # How often the publisher looks for a new record, and the longest gap between two publications (the heartbeat).
 # Large jobs look less often (up to once a second), so the store, one server for the whole job, is not flooded.
@@ -32,17 +33,40 @@ def record_key(rank: int) -> str:
     return f"{_KEY_PREFIX}{rank}"
 
 
-@dataclass(frozen=True)
 class Collective:
-    """One collective as a rank entered it: its sequence number, operation and the user's call site."""
+    """One collective as a rank entered it: its sequence number, operation and the user's call site.
 
-    seq: int
-    op: str
-    site: str
+    Made from a published record (`site` given) or from the recorder's fields (`code` and `offset` of the user's
+    frame), whose `file.py:LINE` is worked out only when something reads `site`.
+    """
+
+    __slots__ = ("_code", "_offset", "_site", "op", "seq")
+
+    def __init__(self, seq: int, op: str, site: str | None = None, code: CodeType | None = None, offset: int = -1):
+        self.seq, self.op = seq, op
+        self._site, self._code, self._offset = site, code, offset
+
+    @property
+    def site(self) -> str:
+        """`train.py:52`."""
+        if self._site is None:
+            self._site = site_text(self._code, self._offset)
+        return self._site
 
     def describe(self) -> str:
         """`#7 all_reduce() at train.py:52`."""
         return f"#{self.seq} {self.op}() at {self.site}"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Collective):
+            return NotImplemented
+        return (self.seq, self.op, self.site) == (other.seq, other.op, other.site)
+
+    def __hash__(self) -> int:
+        return hash((self.seq, self.op, self.site))
+
+    def __repr__(self) -> str:
+        return f"Collective({self.seq}, {self.op!r}, {self.site!r})"
 
 
 @dataclass(frozen=True)
@@ -76,35 +100,58 @@ class CollectiveRecorder:
         # Whether to compare every collective across ranks before issuing it (FABRIC_DEBUG_COLLECTIVES).
         self.debug = debug
         self._group = weakref.ref(group)  # never keep the group alive: gloo's threads must die with it
-        self._seq = 0
-        self._current: tuple[Collective | None, bool] = (None, False)
+        # The last collective entered, as plain fields the calling thread assigns (see enter/snapshot).
+        self._seq = self._writing = 0
+        self._op, self._offset, self._inside = "", -1, False
+        self._code: CodeType | None = None
         self._state, self._error = "running", ""
         self._pid, self._host = os.getpid(), socket.gethostname()
         self._stop = threading.Event()
         self._poll = min(HEARTBEAT_SECONDS, max(_POLL_SECONDS, world_size / 1000))
-        self._published: tuple[Collective | None, bool] | None = None
+        self._published: tuple[int, bool] | None = None
         self._published_at = 0.0
         # A connection of its own, so the publisher never waits behind the calling thread's store requests.
         self._publisher_store = _own_connection(store)
+        # Debug mode's cross-rank comparison waits on the store for up to the collective timeout: on a connection
+        # of its own, so that it never holds the shared client's lock (and stalls its other users) meanwhile.
+        self.check_store = _own_connection(store) if debug else None
         self._publish(store)  # at once: peers must find the key even if this rank never issues a collective
         self._thread = threading.Thread(target=self._run, name="fabric-collective-record", daemon=True)
         self._thread.start()
 
     # -- the calling thread (hot path) -------------------------------------------------------------------
-    def enter(self, op: str) -> Collective:
-        """Record that this rank enters collective `op` here; returns it, to pass to `leave`."""
-        self._seq += 1
-        collective = Collective(self._seq, op, call_site())
-        self._current = (collective, True)
-        return collective
+    def enter(self, op: str, code: CodeType | None, offset: int) -> int:
+        """Record that this rank enters collective `op`, issued at instruction `offset` of the user's `code`.
 
-    def leave(self, collective: Collective) -> None:
-        """Record that `collective` returned."""
-        self._current = (collective, False)
+        Returns its sequence number, to pass to `leave`. `_writing` goes first and `_seq` last, so that a reader
+        on another thread can tell a consistent set of fields from a half-written one (see `snapshot`).
+        """
+        seq = self._seq + 1
+        self._writing = seq
+        self._op, self._code, self._offset, self._inside = op, code, offset, True
+        self._seq = seq
+        return seq
+
+    def leave(self, seq: int) -> None:
+        """Record that collective `seq` returned (or failed)."""
+        self._inside = False
+
+    def snapshot(self) -> tuple[Collective | None, bool]:
+        """The last collective entered and whether this rank is still inside it; safe from any thread."""
+        while True:
+            seq = self._seq
+            op, code, offset, inside = self._op, self._code, self._offset, self._inside
+            if self._writing == seq:  # no enter() started since `seq` was read: the fields belong to it
+                break
+        return (Collective(seq, op, code=code, offset=offset) if seq else None), inside
+
+    def position(self) -> tuple[int, bool]:
+        """(sequence number, inside): changes whenever the record does; cheap to compare."""
+        return self._seq, self._inside
 
     # -- publishing ----------------------------------------------------------------------------------------
-    def _encode(self, current: tuple[Collective | None, bool]) -> str:
-        last, inside = current
+    def _encode(self) -> str:
+        last, inside = self.snapshot()
         fields = [last.seq, last.op, last.site] if last else None
         return json.dumps(
             {
@@ -119,9 +166,9 @@ class CollectiveRecorder:
         )
 
     def _publish(self, store: Any) -> None:
-        current = self._current
-        store.set(record_key(self.rank), self._encode(current))
-        self._published, self._published_at = current, time.monotonic()
+        position = self.position()
+        store.set(record_key(self.rank), self._encode())
+        self._published, self._published_at = position, time.monotonic()
 
     def _run(self) -> None:
         while not self._stop.wait(self._poll):
@@ -132,7 +179,7 @@ class CollectiveRecorder:
                 self._stop.set()
                 self.store = self._publisher_store = None
                 return
-            if self._current is self._published and time.monotonic() - self._published_at < HEARTBEAT_SECONDS:
+            if self.position() == self._published and time.monotonic() - self._published_at < HEARTBEAT_SECONDS:
                 continue
             try:
                 self._publish(self._publisher_store)
@@ -156,7 +203,7 @@ class CollectiveRecorder:
         with contextlib.suppress(Exception):  # the store's host may be gone already
             self._publish(self.store)
         # Drop the stores now, not at interpreter finalisation, where freeing rank 0's store server can abort.
-        self.store = self._publisher_store = None
+        self.store = self._publisher_store = self.check_store = None
 
     @property
     def finished(self) -> bool:

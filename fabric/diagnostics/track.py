@@ -1,49 +1,93 @@
-"""The context manager each fabric collective runs in: record it, check it (debug mode), explain its failure."""
+"""The scope each fabric collective runs in: record it, check it (debug mode), explain its failure."""
 
 from __future__ import annotations
 
 import atexit
 import os
+import sys
 import warnings
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, MutableMapping
+from types import CodeType, TracebackType
 from typing import Any
 
 import torch.distributed as dist
 
+from fabric.diagnostics.callsite import outside_fabric
 from fabric.diagnostics.check import CollectiveMismatchError, check_same_collective
 from fabric.diagnostics.explain import explain, failure_kind
-from fabric.diagnostics.record import CollectiveRecorder
+from fabric.diagnostics.record import Collective, CollectiveRecorder
+from fabric.utilities.distributed import add_note, note_timeout
 from fabric.utilities.exceptions import FabricValueError
 
 DEBUG_VARIABLE = "FABRIC_DEBUG_COLLECTIVES"
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+# torch's Flight Recorder (NCCL): ring-buffer entries kept, and a dump of them when the watchdog sees a timeout.
+FLIGHT_RECORDER_ENTRIES = "2000"
+DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"
 
-# Set on an error this module wrote, so that an enclosing collective (fabric.save around its barriers) keeps it.
+# Set on an error this module explained, so that an enclosing collective (fabric.save around its barriers) keeps it.
 _EXPLAINED = "_fabric_collective_explained"
 # One recorder per process group, not per Fabric: two Fabric objects on one group must count its collectives
 # together, or the sequence numbers of the ranks would not match. Weak keys: a destroyed group takes its recorder.
 _RECORDERS: weakref.WeakKeyDictionary[Any, CollectiveRecorder] = weakref.WeakKeyDictionary()
+# The default group's recorder, looked up without building a weak reference per collective: (group ref, recorder).
+_LAST: list[Any] = [lambda: None, None]
+
+TimeoutWords = Callable[[], tuple[str, str]]
 
 
-def debug_enabled() -> bool:
+def debug_enabled(environ: MutableMapping[str, str] = os.environ) -> bool:
     """Whether FABRIC_DEBUG_COLLECTIVES asks for the cross-rank check."""
-    value = os.environ.get(DEBUG_VARIABLE, "").strip().lower()
+    value = environ.get(DEBUG_VARIABLE, "").strip().lower()
     if value not in _ON + _OFF:
         raise FabricValueError(
-            f"{DEBUG_VARIABLE}={os.environ[DEBUG_VARIABLE]!r}: not a switch. Set it to 1 to compare every collective "
+            f"{DEBUG_VARIABLE}={environ[DEBUG_VARIABLE]!r}: not a switch. Set it to 1 to compare every collective "
             "across ranks before it runs, or to 0 (or leave it unset) for no check."
         )
     return value in _ON
 
 
+def prepare_torch_env(backend: str, environ: MutableMapping[str, str] = os.environ) -> list[str]:
+    """Before the process group starts: switch on torch's own diagnostics where fabric's cannot see; what was set.
+
+    On NCCL, where calls return when they are enqueued and torch's watchdog ends the process before Python could
+    explain anything, torch's Flight Recorder records the collectives instead of fabric's recorder and dumps them
+    on a timeout (see docs/troubleshooting.md). A variable the user set is kept.
+
+    Debug mode does not add TORCH_DISTRIBUTED_DEBUG=DETAIL: with it, torch 2.13 (CPU build, gloo) crashes with a
+    segmentation fault in DistributedDataParallel's constructor (reproduced with raw torch, no fabric involved).
+    """
+    wanted: dict[str, str] = {}
+    if "nccl" in backend.lower():
+        if "TORCH_FR_BUFFER_SIZE" not in environ:  # the newer name of the same setting
+            wanted["TORCH_NCCL_TRACE_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES
+        wanted["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
+    added = [name for name in wanted if name not in environ]
+    for name in added:
+        environ[name] = wanted[name]
+    return added
+
+
+def flight_recorder_dumps(environ: MutableMapping[str, str] = os.environ) -> str:
+    """Where torch's Flight Recorder writes its per-rank dumps: `<prefix><rank>`."""
+    return (
+        environ.get("TORCH_FR_DUMP_TEMP_FILE") or environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or DEFAULT_DUMP_PREFIX
+    )
+
+
 def start_recording() -> CollectiveRecorder | None:
-    """Start recording the default group's collectives (once per group); None where the group has no store."""
+    """Start recording the default group's collectives (once per group); None where the group has no store.
+
+    Not on NCCL: its calls return when enqueued, so a Python-side record would show a rank past collectives it
+    has not finished; torch's Flight Recorder (switched on by `prepare_torch_env`) records them instead.
+    """
     group = dist.group.WORLD
     recorder = _RECORDERS.get(group)
     if recorder is not None:
         return recorder
+    if "nccl" in str(dist.get_backend()).lower():
+        return None
     debug = debug_enabled()
     store = _default_store()
     try:
@@ -57,6 +101,7 @@ def start_recording() -> CollectiveRecorder | None:
             )
         return None
     _RECORDERS[group] = recorder
+    _LAST[:] = [weakref.ref(group), recorder]
     # Registered after the group's own exit hook, so it runs first: peers see "exited" before the connection drops.
     atexit.register(recorder.finish)
     return recorder
@@ -66,6 +111,7 @@ def stop_recording() -> None:
     """Publish that this rank is done with the default group (before it is destroyed)."""
     world = dist.group.WORLD
     recorder = _RECORDERS.pop(world, None) if world is not None else None
+    _LAST[:] = [lambda: None, None]
     if recorder is not None:
         recorder.finish()
 
@@ -80,45 +126,78 @@ def _default_store() -> Any:
         return None
 
 
-@contextmanager
-def collective(op: str, waited: str, setting: str, args: tuple[Any, ...] = (), group: Any = None) -> Iterator[None]:
-    """Run one collective of the default group (or `group`) with recording, checking and explained failures.
-
-    `waited`/`setting`: the timeout and the call that sets it, for the message. `args`: what must match across
-    ranks in debug mode (tensors by dtype and shape, other values by their text).
-    """
+def _recorder(group: Any) -> CollectiveRecorder | None:
+    """The default group's live recorder when the collective runs on it (group None or WORLD), else None."""
     world = dist.group.WORLD
-    recorder = _RECORDERS.get(world) if world is not None and (group is None or group is world) else None
-    if recorder is None or recorder.finished:
-        if group is not None and os.environ.get(DEBUG_VARIABLE) and debug_enabled():
-            warnings.warn(
-                f"{DEBUG_VARIABLE}: fabric.{op}(group=...) runs on a subgroup; only collectives of the default "
-                "group are compared across ranks and named in timeout messages.",
-                stacklevel=3,
-            )
-        with _explain_plain(op, waited, setting):
-            yield
-        return
-    entered = recorder.enter(op)
-    try:
+    if world is None or (group is not None and group is not world):
+        return None
+    ref, recorder = _LAST
+    if ref() is not world:
+        recorder = _RECORDERS.get(world)
+        if recorder is not None:
+            _LAST[:] = [weakref.ref(world), recorder]
+    return None if recorder is None or recorder.finished else recorder
+
+
+class collective:
+    """`with collective(op, words, args, group):` around one collective of the default group (or `group`).
+
+    Records it, compares it across ranks in debug mode, and adds an explanation to its failure as a note (the
+    error keeps its type: a user's `except DistBackendError` still matches). `words` returns the timeout and the
+    call that sets it, for the message; it is called only on a failure. `args`: what must match across ranks in
+    debug mode (tensors by dtype and shape, other values by their text).
+
+    A class, not a generator-based context manager: a healthy call only looks up the recorder and assigns a few
+    fields (the user's frame is kept as code object and offset; its `file:line` is made when something reads it).
+    """
+
+    __slots__ = ("_args", "_code", "_group", "_offset", "_op", "_recorder", "_seq", "_words")
+
+    def __init__(self, op: str, words: TimeoutWords, args: tuple[Any, ...] = (), group: Any = None) -> None:
+        self._op, self._words, self._args, self._group = op, words, args, group
+        self._code: CodeType | None = None
+        self._offset = self._seq = -1
+
+    def __enter__(self) -> None:
+        recorder = self._recorder = _recorder(self._group)
+        if recorder is None:
+            if self._group is not None and os.environ.get(DEBUG_VARIABLE) and debug_enabled():
+                warnings.warn(
+                    f"{DEBUG_VARIABLE}: fabric.{self._op}(group=...) runs on a subgroup; only collectives of the "
+                    "default group are compared across ranks and named in timeout messages.",
+                    stacklevel=3,
+                )
+            return
+        frame = outside_fabric(sys._getframe(1))
+        self._code, self._offset = (frame.f_code, frame.f_lasti) if frame is not None else (None, -1)
+        self._seq = recorder.enter(self._op, self._code, self._offset)
         if recorder.debug:
-            check_same_collective(recorder, entered, args)
-        yield
-    except CollectiveMismatchError:
-        raise
-    except RuntimeError as err:
+            try:
+                check_same_collective(recorder, self._collective(), self._args)
+            except BaseException as err:  # __exit__ does not run when __enter__ raises
+                self.__exit__(type(err), err, err.__traceback__)
+                raise
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        recorder = self._recorder
+        try:
+            if isinstance(err, RuntimeError) and not isinstance(err, CollectiveMismatchError):
+                self._explain(err, recorder)
+        finally:
+            if recorder is not None:
+                recorder.leave(self._seq)
+
+    def _collective(self) -> Collective:
+        return Collective(self._seq, self._op, code=self._code, offset=self._offset)
+
+    def _explain(self, err: RuntimeError, recorder: CollectiveRecorder | None) -> None:
+        if getattr(err, _EXPLAINED, False):  # a nested collective (a barrier in a save) explained it
+            return
+        waited, setting = self._words()
+        if recorder is None:
+            note_timeout(err, self._op, waited, setting)
+            return
         kind = failure_kind(err)
-        if kind is None or getattr(err, _EXPLAINED, False):  # a nested collective (a barrier in a save) explained it
-            raise
-        explained = RuntimeError(explain(recorder, entered, kind, waited, setting))
-        setattr(explained, _EXPLAINED, True)
-        raise explained from err
-    recorder.leave(entered)
-
-
-@contextmanager
-def _explain_plain(op: str, waited: str, setting: str) -> Iterator[None]:
-    from fabric.utilities.distributed import explain_timeout
-
-    with explain_timeout(op, waited, setting):
-        yield
+        if kind is not None:
+            add_note(err, explain(recorder, self._collective(), kind, waited, setting))
+            setattr(err, _EXPLAINED, True)

@@ -166,6 +166,7 @@ class ParallelStrategy(Strategy):
         env = self.cluster_environment
         assert env is not None, "connector always sets a cluster environment"
         _import_before_group_exists()
+        _diagnostics.prepare_torch_env(self.process_group_backend)  # torch reads these when the group starts
         store = _dist.init_process_group(
             self.process_group_backend,
             env.main_address,
@@ -249,7 +250,7 @@ class ParallelStrategy(Strategy):
         """Wait for every process (no-op before the group exists)."""
         if not dist.is_initialized():
             return
-        with self._collective("barrier"):
+        with _diagnostics.collective("barrier", self._timeout_words):
             if self._live_group_uses_nccl:
                 dist.barrier(device_ids=[self.root_device.index])
             else:
@@ -275,10 +276,10 @@ class ParallelStrategy(Strategy):
         return self.root_device.type == "cuda" and "nccl" in str(dist.get_backend())
 
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        """Stack the tensors of all processes along a new first dimension."""
+        """Stack the tensors of all processes along a new first dimension (one collective; equal shapes)."""
         if not dist.is_initialized():
             return tensor
-        with self._collective("all_gather", (tensor,), group):
+        with _diagnostics.collective("all_gather", self._timeout_words, (tensor,), group):
             return _dist.all_gather(tensor, group=group, sync_grads=sync_grads)
 
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
@@ -286,8 +287,8 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             _dist.check_reduce_op(reduce_op)
             return tensor
-        with self._collective("all_reduce", (tensor, reduce_op), group):
-            return _dist.all_reduce(tensor, reduce_op, self.world_size, group=group)
+        with _diagnostics.collective("all_reduce", self._timeout_words, (tensor, reduce_op), group):
+            return _dist.all_reduce(tensor, reduce_op, group=group)
 
     def _collective(
         self, operation: str, args: tuple[Any, ...] = (), group: Any = None
@@ -296,12 +297,14 @@ class ParallelStrategy(Strategy):
 
         `args` are what must match on every rank (FABRIC_DEBUG_COLLECTIVES): tensors by dtype and shape.
         """
+        return _diagnostics.collective(operation, self._timeout_words, args, group)
+
+    def _timeout_words(self) -> tuple[str, str]:
+        """How long a collective waits and the call that sets it, for a failure's message (made only then)."""
         if self._owns_process_group:
-            waited, setting = str(self._timeout), f"{type(self).__name__}(timeout=...)"
-        else:
-            # The group is someone else's: its timeout was set where it was created, not by this strategy.
-            waited, setting = "the process group's timeout", "torch.distributed.init_process_group(timeout=...)"
-        return _diagnostics.collective(operation, waited, setting, args, group)
+            return str(self._timeout), f"{type(self).__name__}(timeout=...)"
+        # The group is someone else's: its timeout was set where it was created, not by this strategy.
+        return "the process group's timeout", "torch.distributed.init_process_group(timeout=...)"
 
 
 def _share_cpu_threads(num_processes: int) -> None:

@@ -167,9 +167,11 @@ def test_recorder_publishes_at_start_and_its_end(store: Any, monkeypatch: pytest
     recorder = CollectiveRecorder(store, 1, 2, _Group(), debug=False)
     start = PeerRecord.decode(1, store.get(record_key(1)))
     assert (start.last, start.state, start.pid) == (None, "running", os.getpid())
-    collective = recorder.enter("barrier")
+    here = sys._getframe()
+    seq = recorder.enter("barrier", here.f_code, here.f_lasti)
+    collective = recorder.snapshot()[0]
     assert collective == Collective(1, "barrier", f"test_diagnostics_explain.py:{_line_of('recorder.enter(')}")
-    recorder.leave(collective)
+    recorder.leave(seq)
     monkeypatch.setattr(sys, "last_value", ValueError("bad batch"), raising=False)
     recorder.finish()
     end = PeerRecord.decode(1, store.get(record_key(1)))

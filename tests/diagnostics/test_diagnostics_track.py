@@ -57,26 +57,29 @@ def test_signature_names_dtype_shape_and_options() -> None:
     assert signature("barrier", ()) == "barrier()"
 
 
+def _words() -> tuple[str, str]:
+    return "0:00:03", "DDPStrategy(timeout=...)"
+
+
 def test_without_a_recorder_the_plain_timeout_message_remains() -> None:
     assert not dist.is_initialized()
-    with (
-        pytest.raises(RuntimeError, match=r"^fabric\.barrier\(\) timed out after 0:00:03 waiting for the other"),
-        track.collective("barrier", "0:00:03", "DDPStrategy(timeout=...)"),
-    ):
+    with pytest.raises(RuntimeError) as info, track.collective("barrier", _words):
         raise RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+    assert info.value.__notes__[-1].startswith("fabric.barrier() timed out after 0:00:03 waiting for the other")
 
 
 def test_recording_on_a_real_group(one_rank_group: Any) -> None:
     recorder = track.start_recording()
     assert recorder is not None and track.start_recording() is recorder, "one recorder per group"
-    with track.collective("all_reduce", "0:00:03", "DDPStrategy(timeout=...)", (torch.ones(1), "sum")):
+    with track.collective("all_reduce", _words, (torch.ones(1), "sum")):
         dist.all_reduce(torch.ones(1))
     line = sys._getframe().f_lineno + 1
-    with (
-        pytest.raises(RuntimeError, match=r"^fabric\.barrier\(\) at test_diagnostics_track\.py:\d+ \(collective #2\)"),
-        track.collective("barrier", "0:00:03", "DDPStrategy(timeout=...)"),
-    ):
-        raise RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+    with pytest.raises(dist.DistBackendError) as info, track.collective("barrier", _words):
+        raise dist.DistBackendError("Timed out waiting 3000ms for recv operation to complete")
+    # torch's error of torch's type (a user's retry code catches it as before), explained in a note.
+    assert str(info.value) == "Timed out waiting 3000ms for recv operation to complete"
+    assert info.value.__notes__[-1].startswith(f"fabric.barrier() at test_diagnostics_track.py:{line} (collective #2)")
+    assert recorder.position() == (2, False), "left in a finally: a failed collective is not still waited in"
     track.stop_recording()
     record = PeerRecord.decode(0, dist.distributed_c10d._get_default_store().get(record_key(0)))
     assert record.state == "exited"
@@ -85,8 +88,9 @@ def test_recording_on_a_real_group(one_rank_group: Any) -> None:
 
 def test_errors_that_say_nothing_about_peers_pass_through(one_rank_group: Any) -> None:
     track.start_recording()
-    with pytest.raises(RuntimeError, match=r"^Tensors must be contiguous$"), track.collective("all_gather", "", ""):
+    with pytest.raises(RuntimeError, match=r"^Tensors must be contiguous$") as info, track.collective("x", _words):
         raise RuntimeError("Tensors must be contiguous")
+    assert not hasattr(info.value, "__notes__")
 
 
 def test_debug_mode_warns_that_subgroups_are_not_compared(one_rank_group: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,7 +99,7 @@ def test_debug_mode_warns_that_subgroups_are_not_compared(one_rank_group: Any, m
     subgroup = dist.new_group([0])
     with (
         pytest.warns(UserWarning, match=r"fabric\.all_reduce\(group=\.\.\.\) runs on a subgroup; only collectives"),
-        track.collective("all_reduce", "0:00:03", "DDPStrategy(timeout=...)", group=subgroup),
+        track.collective("all_reduce", _words, group=subgroup),
     ):
         dist.all_reduce(torch.ones(1), group=subgroup)
 
