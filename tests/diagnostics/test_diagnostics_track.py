@@ -142,3 +142,69 @@ def test_debug_mode_warns_when_the_group_has_no_usable_store(
     monkeypatch.setattr(track, "_default_store", lambda: None)
     with pytest.warns(UserWarning, match=r"FABRIC_DEBUG_COLLECTIVES=1: the process group has no rendezvous store"):
         assert track.start_recording() is None
+
+
+def test_the_hot_path_resolves_no_call_site_until_one_is_read(
+    one_rank_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fabric.diagnostics import record
+
+    resolved: list[int] = []
+    real = record.site_text
+    monkeypatch.setattr(record, "site_text", lambda code, offset: resolved.append(offset) or real(code, offset))
+    recorder = track.start_recording()
+    assert recorder is not None
+    for _ in range(100):
+        with track.collective("all_reduce", _words, (torch.ones(1), "sum")):
+            line = sys._getframe().f_lineno
+    assert resolved == [], "a healthy collective makes no file:line text"
+    last, inside = recorder.snapshot()
+    assert last is not None and not inside and last.seq == 100
+    assert last.site == f"test_diagnostics_track.py:{line - 1}" and len(resolved) == 1
+
+
+def test_debug_check_waits_on_its_own_store_connection(one_rank_group: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(track.DEBUG_VARIABLE, "1")
+    recorder = track.start_recording()
+    assert recorder is not None and recorder.check_store is not None
+    assert recorder.check_store is not recorder.store, "the shared default-store client stays free meanwhile"
+    with track.collective("all_reduce", _words, (torch.ones(1), "sum")):
+        pass
+    assert recorder.check_store.check(["fabric/diag/check/1/0"])
+
+
+def test_a_gather_whose_shapes_differ_names_the_uneven_opt_in() -> None:
+    store = dist.HashStore()
+    recorder = _recorder(store)
+    _peer_entry(store, 1, "all_gather(float32[3, 4])")
+    with pytest.raises(CollectiveMismatchError) as info:
+        check_same_collective(recorder, Collective(1, "all_gather", "eval.py:9"), (torch.ones(2, 4),))
+    assert "rank 0 calls all_gather(float32[2, 4]) at eval.py:9; rank 1 calls all_gather(float32[3, 4])" in str(
+        info.value
+    )
+    assert "call fabric.all_gather(data, uneven=True), which returns a list" in str(info.value)
+    _peer_entry(store, 2, "all_gather(float64[2, 4])")  # another dtype: not a matter of shapes
+    with pytest.raises(CollectiveMismatchError) as info:
+        check_same_collective(recorder, Collective(2, "all_gather", "eval.py:9"), (torch.ones(2, 4),))
+    assert "uneven=True" not in str(info.value)
+    recorder.finish()
+
+
+def test_nccl_turns_on_torchs_flight_recorder_unless_the_user_chose() -> None:
+    env: dict[str, str] = {}
+    assert track.prepare_torch_env("nccl", env) == ["TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    assert env == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert track.flight_recorder_dumps(env) == "/tmp/nccl_trace_rank_"
+    mine = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_FR_DUMP_TEMP_FILE": "/d/r_"}
+    assert track.prepare_torch_env("cpu:gloo,cuda:nccl", mine) == []
+    assert mine["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0" and track.flight_recorder_dumps(mine) == "/d/r_"
+    newer = {"TORCH_FR_BUFFER_SIZE": "10"}
+    assert track.prepare_torch_env("nccl", newer) == ["TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    gloo: dict[str, str] = {"FABRIC_DEBUG_COLLECTIVES": "1"}
+    assert track.prepare_torch_env("gloo", gloo) == [] and gloo == {"FABRIC_DEBUG_COLLECTIVES": "1"}
+
+
+def test_no_fabric_recorder_on_nccl(one_rank_group: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    assert track.start_recording() is None
+    assert track._recorder(None) is None

@@ -154,7 +154,7 @@ def test_timeout_inside_ddp_backward_gets_the_same_diagnosis(tmp_path: Path) -> 
     )
 
 
-_SHAPE, _DTYPE = _line("mismatch: shape"), _line("mismatch: dtype")
+_SHAPE, _DTYPE, _GATHER = _line("mismatch: shape"), _line("mismatch: dtype"), _line("mismatch: gather shape")
 _MISMATCHES = {
     "op": f"rank 0 calls all_reduce(float32[2], mean) at diag_job.py:{_line('mismatch: op, rank 0')}; "
     f"rank 1 calls barrier() at diag_job.py:{_line('mismatch: op, rank 1')}",
@@ -162,6 +162,9 @@ _MISMATCHES = {
     f"rank 1 calls all_reduce(float32[3, 3], mean) at diag_job.py:{_SHAPE}",
     "dtype": f"rank 0 calls all_reduce(float32[2], mean) at diag_job.py:{_DTYPE}; "
     f"rank 1 calls all_reduce(float64[2], mean) at diag_job.py:{_DTYPE}",
+    # Raw torch gives garbage on one rank and aborts the other here (gloo): debug mode names the opt-in instead.
+    "gather": f"rank 0 calls all_gather(float32[2, 3]) at diag_job.py:{_GATHER}; "
+    f"rank 1 calls all_gather(float32[1, 3]) at diag_job.py:{_GATHER}",
 }
 
 
@@ -176,6 +179,7 @@ def test_debug_mode_raises_on_every_rank_with_both_call_sites(tmp_path: Path, ca
     for rank in ranks.values():
         assert rank.returncode == 1, rank.output
         assert f"CollectiveMismatchError: {expected}" in rank.output, rank.output
+        assert ("call fabric.all_gather(data, uneven=True)" in rank.output) == (case == "gather"), rank.output
 
 
 @pytest.mark.multiprocess
