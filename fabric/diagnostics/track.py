@@ -79,16 +79,17 @@ def flight_recorder_dumps(environ: MutableMapping[str, str] = os.environ) -> str
 def start_recording() -> CollectiveRecorder | None:
     """Start recording the default group's collectives (once per group); None where the group has no store.
 
-    Not on NCCL: its calls return when enqueued, so a Python-side record would show a rank past collectives it
-    has not finished; torch's Flight Recorder (switched on by `prepare_torch_env`) records them instead.
+    Not on NCCL unless debug mode asks for the cross-rank check: NCCL calls return when enqueued, so a Python-side
+    record would show a rank past collectives it has not finished; torch's Flight Recorder (switched on by
+    `prepare_torch_env`) records them instead.
     """
     group = dist.group.WORLD
     recorder = _RECORDERS.get(group)
     if recorder is not None:
         return recorder
-    if "nccl" in str(dist.get_backend()).lower():
-        return None
     debug = debug_enabled()
+    if not debug and "nccl" in str(dist.get_backend()).lower():
+        return None
     store = _default_store()
     try:
         recorder = CollectiveRecorder(store, dist.get_rank(), dist.get_world_size(), group, debug)

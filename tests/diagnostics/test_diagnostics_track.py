@@ -204,7 +204,12 @@ def test_nccl_turns_on_torchs_flight_recorder_unless_the_user_chose() -> None:
     assert track.prepare_torch_env("gloo", gloo) == [] and gloo == {"FABRIC_DEBUG_COLLECTIVES": "1"}
 
 
-def test_no_fabric_recorder_on_nccl(one_rank_group: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_fabric_recorder_on_nccl_unless_debug_mode_asks(
+    one_rank_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.delenv(track.DEBUG_VARIABLE, raising=False)
     assert track.start_recording() is None
     assert track._recorder(None) is None
+    monkeypatch.setenv(track.DEBUG_VARIABLE, "1")  # the cross-rank check goes through the store: it works on NCCL
+    assert track.start_recording() is not None
