@@ -5,6 +5,7 @@ The comparison goes through the rendezvous store, not the process group, so it w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from fabric.diagnostics.record import Collective, CollectiveRecorder
 
 _KEY = "fabric/diag/check/{seq}/{rank}"
+_READ_KEY = "fabric/diag/check-read/{seq}/{rank}"
 
 
 class CollectiveMismatchError(RuntimeError):
@@ -47,6 +49,11 @@ def check_same_collective(recorder: CollectiveRecorder, collective: Collective, 
         # Every rank wrote this collective's key, so every rank has read the previous one: free it.
         store.delete_key(_KEY.format(seq=collective.seq - 1, rank=recorder.rank))
     if any(entry["sig"] != entries[0]["sig"] for entry in entries):
+        # Every rank raises now and may exit, rank 0 with the store's server: first wait until every rank has
+        # read the entries (a slower rank would otherwise find the server gone and fail with a network error).
+        store.set(_READ_KEY.format(seq=collective.seq, rank=recorder.rank), "1")
+        with contextlib.suppress(Exception):
+            store.wait([_READ_KEY.format(seq=collective.seq, rank=rank) for rank in range(recorder.world_size)])
         raise CollectiveMismatchError(_mismatch_message(collective.seq, entries))
 
 

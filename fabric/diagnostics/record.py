@@ -136,6 +136,11 @@ class CollectiveRecorder:
         """Record that collective `seq` returned (or failed)."""
         self._inside = False
 
+    def entered(self, seq: int, op: str) -> Collective:
+        """Collective `seq` as this rank entered it, for a message. Its site is the last one recorded: a
+        collective nested in it (a barrier in a save) was issued from the same line of the user's code."""
+        return Collective(seq, op, code=self._code, offset=self._offset)
+
     def snapshot(self) -> tuple[Collective | None, bool]:
         """The last collective entered and whether this rank is still inside it; safe from any thread."""
         while True:

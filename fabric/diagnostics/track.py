@@ -8,7 +8,7 @@ import sys
 import warnings
 import weakref
 from collections.abc import Callable, MutableMapping
-from types import CodeType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import torch.distributed as dist
@@ -16,7 +16,7 @@ import torch.distributed as dist
 from fabric.diagnostics.callsite import outside_fabric
 from fabric.diagnostics.check import CollectiveMismatchError, check_same_collective
 from fabric.diagnostics.explain import explain, failure_kind
-from fabric.diagnostics.record import Collective, CollectiveRecorder
+from fabric.diagnostics.record import CollectiveRecorder
 from fabric.utilities.distributed import add_note, note_timeout
 from fabric.utilities.exceptions import FabricValueError
 
@@ -104,7 +104,7 @@ def start_recording() -> CollectiveRecorder | None:
     _RECORDERS[group] = recorder
     _LAST[:] = [weakref.ref(group), recorder]
     # Registered after the group's own exit hook, so it runs first: peers see "exited" before the connection drops.
-    atexit.register(recorder.finish)
+    atexit.register(_finish, recorder)
     return recorder
 
 
@@ -114,7 +114,7 @@ def stop_recording() -> None:
     recorder = _RECORDERS.pop(world, None) if world is not None else None
     _LAST[:] = [lambda: None, None]
     if recorder is not None:
-        recorder.finish()
+        _finish(recorder)
 
 
 def _default_store() -> Any:
@@ -130,75 +130,108 @@ def _default_store() -> Any:
 def _recorder(group: Any) -> CollectiveRecorder | None:
     """The default group's live recorder when the collective runs on it (group None or WORLD), else None."""
     world = dist.group.WORLD
-    if world is None or (group is not None and group is not world):
+    if group is not None and group is not world:
         return None
     ref, recorder = _LAST
-    if ref() is not world:
-        recorder = _RECORDERS.get(world)
+    if ref() is world and recorder is not None:  # the cache is cleared whenever its recorder finishes
+        return recorder
+    recorder = _RECORDERS.get(world) if world is not None else None
+    if recorder is None or recorder.finished:
+        return None
+    _LAST[:] = [weakref.ref(world), recorder]
+    return recorder
+
+
+def _finish(recorder: CollectiveRecorder) -> None:
+    if _LAST[1] is recorder:
+        _LAST[:] = [lambda: None, None]
+    recorder.finish()
+
+
+# The hot path, as three plain calls a strategy method makes around its collective (no object per call):
+#     seq = enter("all_reduce", (tensor, op), group)
+#     try: ... the collective ...
+#     except RuntimeError as err: failed(err, "all_reduce", seq, words); raise
+#     finally: leave(seq)
+
+
+def enter(op: str, args: tuple[Any, ...] = (), group: Any = None) -> int:
+    """Record that this rank enters collective `op`: its sequence number, or 0 where nothing records it.
+
+    `args`: what must match across ranks in debug mode (tensors by dtype and shape, other values by their text).
+    The user's line is kept as its frame's code object and offset (made into `file:line` when something reads it).
+    """
+    recorder = _recorder(group)
+    if recorder is None:
+        if group is not None and os.environ.get(DEBUG_VARIABLE) and debug_enabled():
+            warnings.warn(
+                f"{DEBUG_VARIABLE}: fabric.{op}(group=...) runs on a subgroup; only collectives of the default group "
+                "are compared across ranks and named in timeout messages.",
+                stacklevel=4,
+            )
+        return 0
+    frame = outside_fabric(sys._getframe(1))
+    seq = recorder.enter(op, frame.f_code, frame.f_lasti) if frame is not None else recorder.enter(op, None, -1)
+    if recorder.debug:
+        try:
+            check_same_collective(recorder, recorder.entered(seq, op), args)
+        except BaseException as err:
+            if isinstance(err, RuntimeError) and not isinstance(err, CollectiveMismatchError):
+                _explain(err, op, seq, recorder, _NO_WORDS)
+            recorder.leave(seq)
+            raise
+    return seq
+
+
+def leave(seq: int) -> None:
+    """Record that collective `seq` returned or failed (call it in a `finally`)."""
+    if seq:
+        recorder = _LAST[1]
         if recorder is not None:
-            _LAST[:] = [weakref.ref(world), recorder]
-    return None if recorder is None or recorder.finished else recorder
+            recorder.leave(seq)
+
+
+def failed(err: RuntimeError, op: str, seq: int, words: TimeoutWords) -> None:
+    """Add to `err` a note that explains it: where every rank is (recorded) or how to wait longer (timeouts)."""
+    _explain(err, op, seq, _LAST[1] if seq else None, words)
+
+
+def _explain(err: RuntimeError, op: str, seq: int, recorder: CollectiveRecorder | None, words: TimeoutWords) -> None:
+    if getattr(err, _EXPLAINED, False) or isinstance(err, CollectiveMismatchError):
+        return  # a nested collective (a barrier in a save) explained it; a mismatch explains itself
+    waited, setting = words()
+    if recorder is None:
+        note_timeout(err, op, waited, setting)
+        return
+    kind = failure_kind(err)
+    if kind is not None:
+        add_note(err, explain(recorder, recorder.entered(seq, op), kind, waited, setting))
+        setattr(err, _EXPLAINED, True)
+
+
+def _NO_WORDS() -> tuple[str, str]:
+    return "the collective timeout", "the process group's timeout"
 
 
 class collective:
-    """`with collective(op, words, args, group):` around one collective of the default group (or `group`).
+    """`with collective(op, words, args, group):` around one collective: `enter`, `failed` and `leave` in one.
 
-    Records it, compares it across ranks in debug mode, and adds an explanation to its failure as a note (the
-    error keeps its type: a user's `except DistBackendError` still matches). `words` returns the timeout and the
-    call that sets it, for the message; it is called only on a failure. `args`: what must match across ranks in
-    debug mode (tensors by dtype and shape, other values by their text).
-
-    A class, not a generator-based context manager: a healthy call only looks up the recorder and assigns a few
-    fields (the user's frame is kept as code object and offset; its `file:line` is made when something reads it).
+    For the less frequent collectives (setup, backward, save, load); the hot ones call the functions directly.
+    The error keeps its type (a user's `except DistBackendError` still matches); the explanation is a note.
+    `words` returns the timeout and the call that sets it, for the message; it is called only on a failure.
     """
 
-    __slots__ = ("_args", "_code", "_group", "_offset", "_op", "_recorder", "_seq", "_words")
+    __slots__ = ("_args", "_group", "_op", "_seq", "_words")
 
     def __init__(self, op: str, words: TimeoutWords, args: tuple[Any, ...] = (), group: Any = None) -> None:
         self._op, self._words, self._args, self._group = op, words, args, group
-        self._code: CodeType | None = None
-        self._offset = self._seq = -1
 
     def __enter__(self) -> None:
-        recorder = self._recorder = _recorder(self._group)
-        if recorder is None:
-            if self._group is not None and os.environ.get(DEBUG_VARIABLE) and debug_enabled():
-                warnings.warn(
-                    f"{DEBUG_VARIABLE}: fabric.{self._op}(group=...) runs on a subgroup; only collectives of the "
-                    "default group are compared across ranks and named in timeout messages.",
-                    stacklevel=3,
-                )
-            return
-        frame = outside_fabric(sys._getframe(1))
-        self._code, self._offset = (frame.f_code, frame.f_lasti) if frame is not None else (None, -1)
-        self._seq = recorder.enter(self._op, self._code, self._offset)
-        if recorder.debug:
-            try:
-                check_same_collective(recorder, self._collective(), self._args)
-            except BaseException as err:  # __exit__ does not run when __enter__ raises
-                self.__exit__(type(err), err, err.__traceback__)
-                raise
+        self._seq = enter(self._op, self._args, self._group)
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
-        recorder = self._recorder
         try:
-            if isinstance(err, RuntimeError) and not isinstance(err, CollectiveMismatchError):
-                self._explain(err, recorder)
+            if isinstance(err, RuntimeError):
+                failed(err, self._op, self._seq, self._words)
         finally:
-            if recorder is not None:
-                recorder.leave(self._seq)
-
-    def _collective(self) -> Collective:
-        return Collective(self._seq, self._op, code=self._code, offset=self._offset)
-
-    def _explain(self, err: RuntimeError, recorder: CollectiveRecorder | None) -> None:
-        if getattr(err, _EXPLAINED, False):  # a nested collective (a barrier in a save) explained it
-            return
-        waited, setting = self._words()
-        if recorder is None:
-            note_timeout(err, self._op, waited, setting)
-            return
-        kind = failure_kind(err)
-        if kind is not None:
-            add_note(err, explain(recorder, self._collective(), kind, waited, setting))
-            setattr(err, _EXPLAINED, True)
+            leave(self._seq)

@@ -246,22 +246,30 @@ class ParallelStrategy(Strategy):
 
         return inject_exact_sampler(dataloader, replicas, rank, seed=seed or 0)
 
+    # The collectives below record themselves through `_diagnostics.enter/failed/leave` (plain calls, no object per
+    # call): what a healthy collective pays on top of the raw torch call is a few attribute assignments.
     def barrier(self, name: str | None = None) -> None:
         """Wait for every process (no-op before the group exists)."""
         if not dist.is_initialized():
             return
-        with _diagnostics.collective("barrier", self._timeout_words):
+        seq = _diagnostics.enter("barrier")
+        try:
             if self._live_group_uses_nccl:
                 dist.barrier(device_ids=[self.root_device.index])
             else:
                 dist.barrier()
+        except RuntimeError as err:
+            _diagnostics.failed(err, "barrier", seq, self._timeout_words)
+            raise
+        finally:
+            _diagnostics.leave(seq)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from `src` to every process."""
         if not dist.is_initialized():
             return obj
         holder = [obj]
-        with self._collective("broadcast", (f"src={src}",)):
+        with _diagnostics.collective("broadcast", self._timeout_words, (f"src={src}",)):
             dist.broadcast_object_list(holder, src=src, device=self._object_device)
         return holder[0]
 
@@ -272,23 +280,46 @@ class ParallelStrategy(Strategy):
     @property
     def _live_group_uses_nccl(self) -> bool:
         # The group that exists decides, not the configured name: a group made by the user or torchrun may use
-        # another backend, and a mixed one ("cpu:gloo,cuda:nccl") sends CUDA tensors through NCCL.
-        return self.root_device.type == "cuda" and "nccl" in str(dist.get_backend())
+        # another backend, and a mixed one ("cpu:gloo,cuda:nccl") sends CUDA tensors through NCCL. Decided once per
+        # group (a weak reference: the group must die with destroy_process_group), not on every barrier; a CPU
+        # process never uses NCCL (its root device is fixed once the processes exist).
+        cached = self.__dict__.get("_nccl_decision")
+        if cached is not None and (cached[0] is None or cached[0]() is dist.group.WORLD):
+            return cached[1]
+        if self.root_device.type != "cuda":
+            self.__dict__["_nccl_decision"] = (None, False)
+            return False
+        world = dist.group.WORLD
+        uses_nccl = "nccl" in str(dist.get_backend())
+        self.__dict__["_nccl_decision"] = (weakref.ref(world), uses_nccl)
+        return uses_nccl
 
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
         """Stack the tensors of all processes along a new first dimension (one collective; equal shapes)."""
         if not dist.is_initialized():
             return tensor
-        with _diagnostics.collective("all_gather", self._timeout_words, (tensor,), group):
+        seq = _diagnostics.enter("all_gather", (tensor,), group)
+        try:
             return _dist.all_gather(tensor, group=group, sync_grads=sync_grads)
+        except RuntimeError as err:
+            _diagnostics.failed(err, "all_gather", seq, self._timeout_words)
+            raise
+        finally:
+            _diagnostics.leave(seq)
 
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
         """Reduce across processes; the input is left unchanged."""
         if not dist.is_initialized():
             _dist.check_reduce_op(reduce_op)
             return tensor
-        with _diagnostics.collective("all_reduce", self._timeout_words, (tensor, reduce_op), group):
+        seq = _diagnostics.enter("all_reduce", (tensor, reduce_op), group)
+        try:
             return _dist.all_reduce(tensor, reduce_op, group=group)
+        except RuntimeError as err:
+            _diagnostics.failed(err, "all_reduce", seq, self._timeout_words)
+            raise
+        finally:
+            _diagnostics.leave(seq)
 
     def _collective(
         self, operation: str, args: tuple[Any, ...] = (), group: Any = None

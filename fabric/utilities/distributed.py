@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -41,6 +42,7 @@ def check_reduce_op(reduce_op: Any) -> str:
 _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 # reduce_op strings as users pass them -> (torch's op, whether to divide by the group size): parsed once per name.
 _PARSED_OPS: dict[str, tuple[Any, bool]] = {}
+_WORLD_SIZE: list[Any] = [lambda: None, 0]  # (weak reference to the default group, its size)
 
 
 def parse_reduce_op(reduce_op: Any) -> tuple[Any, bool]:
@@ -61,7 +63,7 @@ def all_reduce(tensor: Tensor, reduce_op: Any, group: Any | None = None) -> Tens
         result = tensor.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     else:
         # The one copy the call needs (the input is left unchanged); contiguous, as the backends require.
-        result = tensor.clone(memory_format=torch.contiguous_format)
+        result = tensor.clone() if tensor.is_contiguous() else tensor.clone(memory_format=torch.contiguous_format)
     dist.all_reduce(result, op=op, group=group)
     if mean:
         result.div_(_group_size(group))
@@ -81,15 +83,25 @@ def all_gather(tensor: Tensor, group: Any | None = None, sync_grads: bool = Fals
 
 
 def _group_size(group: Any | None) -> int:
-    # The group's own size(): dist.get_world_size(group) validates and looks the group up (microseconds per call).
-    return (group if group is not None else dist.group.WORLD).size()  # type: ignore[union-attr]
+    # The group's own size(), the default group's looked up once: dist.get_world_size(group) validates and looks
+    # the group up on every call (a microsecond, which a collective of a few kilobytes notices).
+    if group is not None:
+        return group.size()
+    world = dist.group.WORLD
+    ref, size = _WORLD_SIZE
+    if ref() is not world:
+        size = world.size()  # type: ignore[union-attr]
+        _WORLD_SIZE[:] = [weakref.ref(world), size]  # weak: the group must die with destroy_process_group
+    return size
 
 
 def _gather_flat(tensor: Tensor, group: Any | None, world_size: int) -> Tensor:
     flat = tensor.reshape(-1)  # a view where it can be (contiguous input), else the one copy the backend needs
-    out = flat.new_empty(world_size * flat.numel())
-    _gather_single(out, flat, group=group)
-    return out.view(world_size, *tensor.shape)
+    out = flat.new_empty((world_size, *tensor.shape))
+    # The collective writes through a flat view; the stacked tensor itself is returned (not a view: autograd
+    # refuses in-place changes to views made inside a Function's forward).
+    _gather_single(out.view(-1), flat, group=group)
+    return out
 
 
 class _DifferentiableAllGather(torch.autograd.Function):
