@@ -27,7 +27,9 @@ def all_gather(
     """
     device = device or strategy.root_device
     if isinstance(data, Tensor) and not uneven:  # the common call: no collection to walk
-        return strategy.all_gather(_on_device(data, device), group=group, sync_grads=sync_grads)
+        if data.device != device or not data.is_contiguous():
+            data = _on_device(data, device)
+        return strategy.all_gather(data, group=group, sync_grads=sync_grads)
     data = convert_to_tensors(data, device=device)
     if uneven and strategy.world_size > 1:
         from fabric import _uneven_gather
@@ -41,8 +43,10 @@ def all_reduce(
 ) -> Any:
     """Numbers become tensors on the device; each tensor is reduced with `reduce_op`."""
     device = device or strategy.root_device
-    if isinstance(data, Tensor):
-        return strategy.all_reduce(_on_device(data, device), group=group, reduce_op=reduce_op)
+    if isinstance(data, Tensor):  # the common call: no collection to walk
+        if data.device != device or not data.is_contiguous():
+            data = _on_device(data, device)
+        return strategy.all_reduce(data, group=group, reduce_op=reduce_op)
     data = convert_to_tensors(data, device=device)
     return apply_to_collection(data, Tensor, strategy.all_reduce, group=group, reduce_op=reduce_op)
 

@@ -446,12 +446,14 @@ class Fabric:
             process each tensor is returned as it is.
         """
         self._validate_launched("all_gather")
-        return _collectives.all_gather(self._strategy, data, group, sync_grads, uneven, self._collective_device())
+        device = self.__dict__.get("_root_device_after_launch") or self._collective_device()
+        return _collectives.all_gather(self._strategy, data, group, sync_grads, uneven, device)
 
     def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str = "mean") -> Any:
         """Reduce tensors (or numbers, or collections of them) across processes: mean, sum, max or min."""
         self._validate_launched("all_reduce")
-        return _collectives.all_reduce(self._strategy, data, group, reduce_op, self._collective_device())
+        device = self.__dict__.get("_root_device_after_launch") or self._collective_device()
+        return _collectives.all_reduce(self._strategy, data, group, reduce_op, device)
 
     def _collective_device(self) -> torch.device:
         # The strategy's root device, looked up once: it is fixed once the processes exist, and the lookup reads

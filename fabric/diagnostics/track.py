@@ -149,8 +149,8 @@ def _finish(recorder: CollectiveRecorder) -> None:
 
 
 # The hot path, as three plain calls a strategy method makes around its collective (no object per call):
-#     seq = enter("all_reduce", (tensor, op), group)
-#     try: ... the collective ...
+#     seq = 0
+#     try: seq = enter("all_reduce", (tensor, op), group); ... the collective ...
 #     except RuntimeError as err: failed(err, "all_reduce", seq, words); raise
 #     finally: leave(seq)
 
@@ -161,7 +161,9 @@ def enter(op: str, args: tuple[Any, ...] = (), group: Any = None) -> int:
     `args`: what must match across ranks in debug mode (tensors by dtype and shape, other values by their text).
     The user's line is kept as its frame's code object and offset (made into `file:line` when something reads it).
     """
-    recorder = _recorder(group)
+    ref, recorder = _LAST
+    if recorder is None or ref() is not dist.group.WORLD or (group is not None and group is not ref()):
+        recorder = _recorder(group)  # the cached default-group recorder does not apply: look it up
     if recorder is None:
         if group is not None and os.environ.get(DEBUG_VARIABLE) and debug_enabled():
             warnings.warn(
@@ -176,8 +178,7 @@ def enter(op: str, args: tuple[Any, ...] = (), group: Any = None) -> int:
         try:
             check_same_collective(recorder, recorder.entered(seq, op), args)
         except BaseException as err:
-            if isinstance(err, RuntimeError) and not isinstance(err, CollectiveMismatchError):
-                _explain(err, op, seq, recorder, _NO_WORDS)
+            err._fabric_seq = seq  # type: ignore[attr-defined]  # for `failed`: the caller has no seq yet
             recorder.leave(seq)
             raise
     return seq
@@ -193,6 +194,7 @@ def leave(seq: int) -> None:
 
 def failed(err: RuntimeError, op: str, seq: int, words: TimeoutWords) -> None:
     """Add to `err` a note that explains it: where every rank is (recorded) or how to wait longer (timeouts)."""
+    seq = seq or getattr(err, "_fabric_seq", 0)  # raised by `enter` itself (debug mode's cross-rank check)
     _explain(err, op, seq, _LAST[1] if seq else None, words)
 
 
@@ -209,10 +211,6 @@ def _explain(err: RuntimeError, op: str, seq: int, recorder: CollectiveRecorder 
         setattr(err, _EXPLAINED, True)
 
 
-def _NO_WORDS() -> tuple[str, str]:
-    return "the collective timeout", "the process group's timeout"
-
-
 class collective:
     """`with collective(op, words, args, group):` around one collective: `enter`, `failed` and `leave` in one.
 
@@ -227,7 +225,12 @@ class collective:
         self._op, self._words, self._args, self._group = op, words, args, group
 
     def __enter__(self) -> None:
-        self._seq = enter(self._op, self._args, self._group)
+        self._seq = 0
+        try:
+            self._seq = enter(self._op, self._args, self._group)
+        except RuntimeError as err:  # __exit__ does not run when __enter__ raises
+            failed(err, self._op, 0, self._words)
+            raise
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         try:

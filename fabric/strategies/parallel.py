@@ -252,8 +252,9 @@ class ParallelStrategy(Strategy):
         """Wait for every process (no-op before the group exists)."""
         if not dist.is_initialized():
             return
-        seq = _diagnostics.enter("barrier")
+        seq = 0
         try:
+            seq = _diagnostics.enter("barrier")
             if self._live_group_uses_nccl:
                 dist.barrier(device_ids=[self.root_device.index])
             else:
@@ -298,8 +299,9 @@ class ParallelStrategy(Strategy):
         """Stack the tensors of all processes along a new first dimension (one collective; equal shapes)."""
         if not dist.is_initialized():
             return tensor
-        seq = _diagnostics.enter("all_gather", (tensor,), group)
+        seq = 0
         try:
+            seq = _diagnostics.enter("all_gather", (tensor,), group)
             return _dist.all_gather(tensor, group=group, sync_grads=sync_grads)
         except RuntimeError as err:
             _diagnostics.failed(err, "all_gather", seq, self._timeout_words)
@@ -312,8 +314,9 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             _dist.check_reduce_op(reduce_op)
             return tensor
-        seq = _diagnostics.enter("all_reduce", (tensor, reduce_op), group)
+        seq = 0
         try:
+            seq = _diagnostics.enter("all_reduce", (tensor, reduce_op), group)
             return _dist.all_reduce(tensor, reduce_op, group=group)
         except RuntimeError as err:
             _diagnostics.failed(err, "all_reduce", seq, self._timeout_words)
