@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from datetime import timedelta
 from typing import Any
 
 from fabric.diagnostics.record import Collective, CollectiveRecorder
 
 _KEY = "fabric/diag/check/{seq}/{rank}"
 _READ_KEY = "fabric/diag/check-read/{seq}/{rank}"
+_READ_WAIT = timedelta(seconds=10)
 
 
 class CollectiveMismatchError(RuntimeError):
@@ -52,8 +54,9 @@ def check_same_collective(recorder: CollectiveRecorder, collective: Collective, 
         # Every rank raises now and may exit, rank 0 with the store's server: first wait until every rank has
         # read the entries (a slower rank would otherwise find the server gone and fail with a network error).
         store.set(_READ_KEY.format(seq=collective.seq, rank=recorder.rank), "1")
-        with contextlib.suppress(Exception):
-            store.wait([_READ_KEY.format(seq=collective.seq, rank=rank) for rank in range(recorder.world_size)])
+        read = [_READ_KEY.format(seq=collective.seq, rank=rank) for rank in range(recorder.world_size)]
+        with contextlib.suppress(Exception):  # bounded: a rank that died meanwhile must not keep the others here
+            store.wait(read, _READ_WAIT)
         raise CollectiveMismatchError(_mismatch_message(collective.seq, entries))
 
 

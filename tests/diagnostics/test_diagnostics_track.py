@@ -110,6 +110,7 @@ def _recorder(store: Any) -> CollectiveRecorder:
 
 def _peer_entry(store: Any, seq: int, sig: str, site: str = "train.py:9") -> None:
     store.set(f"fabric/diag/check/{seq}/1", json.dumps({"sig": sig, "site": site}))
+    store.set(f"fabric/diag/check-read/{seq}/1", "1")  # on a mismatch, rank 1 has read the entries too
 
 
 def test_check_passes_when_every_rank_issues_the_same() -> None:
