@@ -46,6 +46,7 @@ def worker(size: str) -> None:
 
     def without_recording() -> None:
         track._RECORDERS.pop(world)
+        track._LAST[:] = [lambda: None, None]
         try:
             fabric.all_reduce(tensor)
         finally:
@@ -81,8 +82,11 @@ def _calling_thread_cost(track: Any, tensor: Any, batches: int) -> dict[str, lis
     """Seconds per enter+exit of the recording context, and of the plain timeout context it replaced (no op)."""
     from fabric.utilities.distributed import explain_timeout
 
+    def words() -> tuple[str, str]:
+        return "0:30:00", "x"
+
     contexts = {
-        "recording context alone": lambda: track.collective("all_reduce", "0:30:00", "x", (tensor, "mean")),
+        "recording context alone": lambda: track.collective("all_reduce", words, (tensor, "mean")),
         "plain timeout context alone": lambda: explain_timeout("all_reduce", "0:30:00", "x"),
     }
     result: dict[str, list[float]] = {name: [] for name in contexts}

@@ -30,6 +30,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
     if args.smoke:
         cpu = [["launch_startup.py", "--smoke"], ["checkpoint.py", "--smoke"], ["checkpoint_async.py", "--smoke"]]
         cpu.append(["uneven_all_gather.py", "--smoke"])
+        cpu.append(["collectives.py", "--smoke"])
         cpu.append(["collective_record_overhead.py", "--smoke"])
         cpu.append(["loader_state.py", "--smoke"])
         cpu.append(["fork_after_async.py", "--smoke"])
@@ -50,6 +51,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         ["checkpoint.py", *rounds, *peer],
         ["checkpoint_async.py", *rounds, *peer],
         ["fork_after_async.py", *rounds, *peer],
+        ["collectives.py", "--rounds", str(max(args.rounds, 9)), *peer],  # issue 21's rule: >= 9 rounds
         ["uneven_all_gather.py", *rounds, *peer],
         ["collective_record_overhead.py", *rounds, *peer],
         ["loader_state.py", *peer],  # repetitions, not rounds: --reps (default 200)

@@ -1,12 +1,14 @@
 """all_gather of about 1 MB per rank on 2 CPU processes over gloo: uneven shapes against equal shapes.
 
 Contenders, all in the same pair of processes, alternating call by call so that drift hits them alike:
-- raw equal: `torch.distributed.all_gather` of a (1024, 256) float32 tensor (1 MiB) on both ranks;
-- strategy equal: `fabric.strategy.all_gather`, fabric's per-tensor gather without the shape exchange (what
-  `fabric.all_gather` did before uneven shapes were supported);
-- fabric equal: `fabric.all_gather` of the same tensors (stacked; one small shape exchange on top);
-- fabric uneven: `fabric.all_gather` with rank 0 sending (1024, 256) and rank 1 (1000, 256), the shape a last
-  batch has (shape exchange, padding to the largest, one gather, slicing back into a list).
+- raw equal: `torch.distributed.all_gather_single` (all_gather_into_tensor) of a (1024, 256) float32 tensor
+  (1 MiB) on both ranks, into a preallocated (2, 1024, 256) tensor;
+- strategy equal: `fabric.strategy.all_gather`, fabric's per-tensor gather (what the default
+  `fabric.all_gather(data)` issues; benchmarks/collectives.py compares that with raw torch);
+- fabric equal: `fabric.all_gather(data, uneven=True)` of the same tensors (stacked; one small shape exchange on
+  top: what the opt-in costs when the shapes turn out equal);
+- fabric uneven: `fabric.all_gather(data, uneven=True)` with rank 0 sending (1024, 256) and rank 1 (1000, 256),
+  the shape a last batch has (shape exchange, padding to the largest, one gather, slicing back into a list).
 Rank 0 times each call (a barrier before each keeps the ranks in step); every round starts a fresh pair of
 processes. The target: uneven <= 1.2x equal (both through fabric).
 
@@ -42,18 +44,20 @@ def worker(calls: int, scale: int) -> None:
     equal = torch.randn(rows, WIDTH // scale)
     uneven = equal if rank == 0 else equal[: SHORT_ROWS // scale].clone()
 
+    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
     def raw_equal() -> None:
-        parts = [torch.empty_like(equal) for _ in range(WORLD_SIZE)]
-        dist.all_gather(parts, equal)
-        torch.stack(parts)  # what fabric returns for equal shapes, so both produce the same result
+        out = equal.new_empty(WORLD_SIZE * equal.numel())
+        gather_single(out, equal.reshape(-1))
+        out.view(WORLD_SIZE, *equal.shape)  # what fabric returns for equal shapes, so both produce the same result
 
     run = {
         "raw equal": raw_equal,
         "strategy equal": lambda: fabric.strategy.all_gather(equal),
-        "fabric equal": lambda: fabric.all_gather(equal),
-        "fabric uneven": lambda: fabric.all_gather(uneven),
+        "fabric equal": lambda: fabric.all_gather(equal, uneven=True),
+        "fabric uneven": lambda: fabric.all_gather(uneven, uneven=True),
     }
-    check = fabric.all_gather(uneven)
+    check = fabric.all_gather(uneven, uneven=True)
     assert isinstance(check, list) and check[1].shape[0] == SHORT_ROWS // scale, "the uneven path was not taken"
     times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     for i in range(calls + 10):  # 10 warm-up calls of each

@@ -450,7 +450,7 @@ class Fabric:
         self._validate_launched("broadcast")
         return self._strategy.broadcast(obj, src=src)
 
-    def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+    def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False, *, uneven: bool = False) -> Any:
         """Gather tensors (or numbers, or collections of them) from all processes.
 
         Args:
@@ -458,22 +458,37 @@ class Fabric:
             group: the process group to gather over (default: all processes).
             sync_grads: make the result differentiable; the backward pass sends each process the summed
                 gradient of its own part.
+            uneven: allow tensors whose shape differs between processes (see below). It costs one small extra
+                collective per call and, on a GPU or TPU, a wait for the device; leave it off where the shapes
+                are equal.
 
         Returns:
-            `data` with each tensor replaced by the gathered values. A tensor whose shape is the same on every
-            process is stacked along a new first dimension, `(world_size, *shape)`. A tensor whose shape differs
+            `data` with each tensor replaced by the gathered values, stacked along a new first dimension,
+            `(world_size, *shape)`, in one collective per tensor, as in Lightning Fabric. Every process must pass
+            tensors of the same shape; torch does not check this (on gloo one process gets garbage and another
+            aborts), but `FABRIC_DEBUG_COLLECTIVES=1` does. With `uneven=True`, a tensor whose shape differs
             between processes (any dimension, including 0 rows) becomes a list of `world_size` tensors, each
-            exactly what that process sent; `torch.cat(list(result))` concatenates either form in rank order.
-            On one process each tensor is returned as it is. Every process must pass the same structure (keys,
-            number of tensors, dtypes); a mismatch raises `ValueError` on every process rather than hanging.
+            exactly what that process sent, and every process must pass the same structure (keys, number of
+            tensors, dtypes): a mismatch raises `ValueError` on every process rather than hanging. On one
+            process each tensor is returned as it is.
         """
         self._validate_launched("all_gather")
-        return _collectives.all_gather(self._strategy, data, group, sync_grads)
+        device = self.__dict__.get("_root_device_after_launch") or self._collective_device()
+        return _collectives.all_gather(self._strategy, data, group, sync_grads, uneven, device)
 
     def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str = "mean") -> Any:
         """Reduce tensors (or numbers, or collections of them) across processes: mean, sum, max or min."""
         self._validate_launched("all_reduce")
-        return _collectives.all_reduce(self._strategy, data, group, reduce_op)
+        device = self.__dict__.get("_root_device_after_launch") or self._collective_device()
+        return _collectives.all_reduce(self._strategy, data, group, reduce_op, device)
+
+    def _collective_device(self) -> torch.device:
+        # The strategy's root device, looked up once: it is fixed once the processes exist, and the lookup reads
+        # the environment (the local rank) on every call, which a collective of a few kilobytes would notice.
+        device = self.__dict__.get("_root_device_after_launch")
+        if device is None:
+            device = self.__dict__["_root_device_after_launch"] = self._strategy.root_device
+        return device
 
     @contextmanager
     def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:

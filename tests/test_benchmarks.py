@@ -129,6 +129,19 @@ def test_fork_after_async_smoke_times_fork_before_and_after_a_save() -> None:
 
 
 @pytest.mark.multiprocess
+def test_collectives_smoke_prints_raw_and_fabric_per_case_with_the_ratio_band() -> None:
+    result = _run("collectives.py", "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.startswith("machine: ") and re.search(r"^load avg [\d.]+ at start$", out, re.MULTILINE), out
+    for case in ("all_gather 4 KB", "all_gather 1 MB", "all_reduce 4 KB", "all_reduce 1 MB", "barrier"):
+        assert f"{case}, 2 CPU ranks (gloo), 1 thread" in out, out
+        band = rf"^ratio {case} fabric / raw: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=1\).* target <= 1.05x: (PASS|FAIL)$"
+        assert re.search(band, out, re.MULTILINE), out
+    _assert_ratio_row(out, "fabric")
+
+
+@pytest.mark.multiprocess
 def test_collective_record_overhead_smoke_reports_the_cost_per_collective() -> None:
     result = _run("collective_record_overhead.py", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr

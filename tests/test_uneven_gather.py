@@ -57,7 +57,7 @@ def _run(size: int, make_data: Callable[[int], Any], sync_grads: bool = False) -
     def rank_main(rank: int) -> None:
         strategy: Any = _ThreadRankStrategy(world, rank)
         try:
-            results[rank] = _collectives.all_gather(strategy, make_data(rank), None, sync_grads)
+            results[rank] = _collectives.all_gather(strategy, make_data(rank), None, sync_grads, uneven=True)
         except Exception as err:  # reported per rank, asserted by the test
             results[rank] = err
 

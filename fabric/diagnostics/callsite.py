@@ -1,4 +1,8 @@
-"""The user's line that issued a collective: the first stack frame outside the fabric package."""
+"""The user's line that issued a collective: the first stack frame outside the fabric package.
+
+The hot path keeps only that frame's code object and instruction offset (two attribute reads); the `file.py:LINE`
+text is made from them when a message or a publication needs it.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,38 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from types import CodeType, FrameType
 
 # fabric/, from fabric/diagnostics/, as the code objects name it (unresolved) and resolved (a symlinked install).
 _FABRIC_DIRS = {str(Path(__file__).parent.parent) + os.sep, str(Path(__file__).resolve().parent.parent) + os.sep}
 # contextlib's frames sit between fabric's frames when a collective is issued from a `with` block in fabric.
 _SKIPPED = (*_FABRIC_DIRS, str(Path(contextlib.__file__)))
+# co_filename -> whether frames of that file are skipped; one entry per source file, so it stays small.
+_SKIP_FILE: dict[str, bool] = {}
+
+
+def outside_fabric(frame: FrameType | None) -> FrameType | None:
+    """`frame` or the first frame above it that is not fabric's (None: the whole stack is fabric's)."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        skip = _SKIP_FILE.get(filename)
+        if skip is None:
+            skip = _SKIP_FILE[filename] = filename.startswith(_SKIPPED)
+        if not skip:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def site_text(code: CodeType | None, offset: int) -> str:
+    """`file.py:LINE` of the instruction at byte `offset` of `code` (the base name: full paths are unreadable)."""
+    if code is None:
+        return "<inside fabric>"
+    line = next((line for start, end, line in code.co_lines() if start <= offset < end and line), None)
+    return f"{code.co_filename.rpartition(os.sep)[2]}:{line or code.co_firstlineno}"
 
 
 def call_site() -> str:
-    """`file.py:LINE` of the first caller outside fabric (the base name: full paths make messages unreadable)."""
-    frame = sys._getframe(1)  # the public alternative, inspect.stack(), costs milliseconds
-    while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED):
-        frame = frame.f_back  # type: ignore[assignment]
-    if frame is None:
-        return "<inside fabric>"
-    # Not Path(...).name: this runs on every collective, and a Path costs microseconds.
-    return f"{frame.f_code.co_filename.rpartition(os.sep)[2]}:{frame.f_lineno}"
+    """`file.py:LINE` of the first caller outside fabric."""
+    frame = outside_fabric(sys._getframe(1))
+    return site_text(frame.f_code, frame.f_lasti) if frame is not None else site_text(None, -1)

@@ -1,8 +1,9 @@
 """Each rank's record of its last fabric collective, for the rendezvous store, so a timed-out rank can say where
 every other rank is without any collective.
 
-The calling thread only counts and assigns (a few microseconds). The job-health thread (fabric/health) publishes
-the record, with a heartbeat counter that goes up at each publication; `finish` publishes how the rank ended.
+The calling thread only counts and assigns a few fields (no string, no object built per call). The job-health
+thread (fabric/health) publishes the record, with a heartbeat counter that goes up at each publication; `finish`
+publishes how the rank ended.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
-from fabric.diagnostics.callsite import call_site
+from fabric.diagnostics.callsite import site_text
 
 _KEY_PREFIX = "fabric/diag/rank/"
 
@@ -27,17 +29,40 @@ def record_key(rank: int) -> str:
     return f"{_KEY_PREFIX}{rank}"
 
 
-@dataclass(frozen=True)
 class Collective:
-    """One collective as a rank entered it: its sequence number, operation and the user's call site."""
+    """One collective as a rank entered it: its sequence number, operation and the user's call site.
 
-    seq: int
-    op: str
-    site: str
+    Made from a published record (`site` given) or from the recorder's fields (`code` and `offset` of the user's
+    frame), whose `file.py:LINE` is worked out only when something reads `site`.
+    """
+
+    __slots__ = ("_code", "_offset", "_site", "op", "seq")
+
+    def __init__(self, seq: int, op: str, site: str | None = None, code: CodeType | None = None, offset: int = -1):
+        self.seq, self.op = seq, op
+        self._site, self._code, self._offset = site, code, offset
+
+    @property
+    def site(self) -> str:
+        """`train.py:52`."""
+        if self._site is None:
+            self._site = site_text(self._code, self._offset)
+        return self._site
 
     def describe(self) -> str:
         """`#7 all_reduce() at train.py:52`."""
         return f"#{self.seq} {self.op}() at {self.site}"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Collective):
+            return NotImplemented
+        return (self.seq, self.op, self.site) == (other.seq, other.op, other.site)
+
+    def __hash__(self) -> int:
+        return hash((self.seq, self.op, self.site))
+
+    def __repr__(self) -> str:
+        return f"Collective({self.seq}, {self.op!r}, {self.site!r})"
 
 
 @dataclass(frozen=True)
@@ -71,8 +96,10 @@ class CollectiveRecorder:
         # Whether to compare every collective across ranks before issuing it (FABRIC_DEBUG_COLLECTIVES).
         self.debug = debug
         self._group = weakref.ref(group)  # never keep the group alive: gloo's threads must die with it
-        self._seq = 0
-        self._current: tuple[Collective | None, bool] = (None, False)
+        # The last collective entered, as plain fields the calling thread assigns (see enter/snapshot).
+        self._seq = self._writing = 0
+        self._op, self._offset, self._inside = "", -1, False
+        self._code: CodeType | None = None
         self._state, self._error = "running", ""
         self._pid, self._host = os.getpid(), socket.gethostname()
         self._beat = 0
@@ -84,19 +111,45 @@ class CollectiveRecorder:
         self.stale_seconds = float("inf")
         # An exception a notebook cell left behind before this group started is not this rank's failure.
         self._earlier_error = getattr(sys, "last_value", None)
+        # Debug mode's cross-rank comparison waits on the store for up to the collective timeout: on a connection
+        # of its own, so that it never holds the shared client's lock (and stalls its other users) meanwhile.
+        self.check_store = own_connection(store) if debug else None
         self._write(store)  # at once (raises without a usable store): peers find the key even before the first tick
 
     # -- the calling thread (hot path) -------------------------------------------------------------------
-    def enter(self, op: str) -> Collective:
-        """Record that this rank enters collective `op` here; returns it, to pass to `leave`."""
-        self._seq += 1
-        collective = Collective(self._seq, op, call_site())
-        self._current = (collective, True)
-        return collective
+    def enter(self, op: str, code: CodeType | None, offset: int) -> int:
+        """Record that this rank enters collective `op`, issued at instruction `offset` of the user's `code`.
 
-    def leave(self, collective: Collective) -> None:
-        """Record that `collective` returned."""
-        self._current = (collective, False)
+        Returns its sequence number, to pass to `leave`. `_writing` goes first and `_seq` last, so that a reader
+        on another thread can tell a consistent set of fields from a half-written one (see `snapshot`).
+        """
+        seq = self._seq + 1
+        self._writing = seq
+        self._op, self._code, self._offset, self._inside = op, code, offset, True
+        self._seq = seq
+        return seq
+
+    def leave(self, seq: int) -> None:
+        """Record that collective `seq` returned (or failed)."""
+        self._inside = False
+
+    def entered(self, seq: int, op: str) -> Collective:
+        """Collective `seq` as this rank entered it, for a message. Its site is the last one recorded: a
+        collective nested in it (a barrier in a save) was issued from the same line of the user's code."""
+        return Collective(seq, op, code=self._code, offset=self._offset)
+
+    def snapshot(self) -> tuple[Collective | None, bool]:
+        """The last collective entered and whether this rank is still inside it; safe from any thread."""
+        while True:
+            seq = self._seq
+            op, code, offset, inside = self._op, self._code, self._offset, self._inside
+            if self._writing == seq:  # no enter() started since `seq` was read: the fields belong to it
+                break
+        return (Collective(seq, op, code=code, offset=offset) if seq else None), inside
+
+    def position(self) -> tuple[int, bool]:
+        """(sequence number, inside): changes whenever the record does; cheap to compare."""
+        return self._seq, self._inside
 
     # -- publishing ----------------------------------------------------------------------------------------
     def publish(self, store: Any) -> None:
@@ -106,7 +159,7 @@ class CollectiveRecorder:
                 self._write(store)
 
     def _write(self, store: Any) -> None:
-        last, inside = self._current
+        last, inside = self.snapshot()
         self._beat += 1
         record = {
             "last": [last.seq, last.op, last.site] if last else None,
@@ -132,8 +185,8 @@ class CollectiveRecorder:
             self._error = _short(error) if error is not None else ""
             with contextlib.suppress(Exception):  # the store's host may be gone already
                 self._write(self.store)
-        # Drop the store now, not at interpreter finalisation, where freeing rank 0's store server can abort.
-        self.store = None
+        # Drop the stores now, not at interpreter finalisation, where freeing rank 0's store server can abort.
+        self.store = self.check_store = None
 
     def _uncaught_error(self) -> BaseException | None:
         # Python sets sys.last_value for an uncaught exception before the exit hooks run; a notebook sets it for
@@ -145,6 +198,14 @@ class CollectiveRecorder:
     def finished(self) -> bool:
         """Whether `finish` ran."""
         return self._finished
+
+
+def own_connection(store: Any) -> Any:
+    """A second client of `store` (TCPStore), or the store itself where it cannot be cloned (HashStore, ...)."""
+    try:
+        return store.clone()
+    except Exception:
+        return store
 
 
 def _short(error: BaseException, limit: int = 200) -> str:

@@ -17,6 +17,8 @@ import weakref
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from fabric.diagnostics.record import own_connection
+
 if TYPE_CHECKING:
     from fabric.diagnostics.record import CollectiveRecorder
     from fabric.health.preemption import Preemption
@@ -166,11 +168,3 @@ def _end_for(failed: str, rank: int) -> None:
         flush=True,
     )
     os._exit(1)
-
-
-def own_connection(store: Any) -> Any:
-    """A second client of `store` (TCPStore), or the store itself where it cannot be cloned (HashStore, ...)."""
-    try:
-        return store.clone()
-    except Exception:
-        return store

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -163,6 +164,7 @@ class ParallelStrategy(Strategy):
         env = self.cluster_environment
         assert env is not None, "connector always sets a cluster environment"
         _import_before_group_exists()
+        _diagnostics.prepare_torch_env(self.process_group_backend)  # torch reads these when the group starts
         store = _dist.init_process_group(
             self.process_group_backend,
             env.main_address,
@@ -252,22 +254,31 @@ class ParallelStrategy(Strategy):
 
         return inject_exact_sampler(dataloader, replicas, rank, seed=seed or 0)
 
+    # The collectives below record themselves through `_diagnostics.enter/failed/leave` (plain calls, no object per
+    # call): what a healthy collective pays on top of the raw torch call is a few attribute assignments.
     def barrier(self, name: str | None = None) -> None:
         """Wait for every process (no-op before the group exists)."""
         if not dist.is_initialized():
             return
-        with self._collective("barrier"):
+        seq = 0
+        try:
+            seq = _diagnostics.enter("barrier")
             if self._live_group_uses_nccl:
                 dist.barrier(device_ids=[self.root_device.index])
             else:
                 dist.barrier()
+        except RuntimeError as err:
+            _diagnostics.failed(err, "barrier", seq, self._timeout_words)
+            raise
+        finally:
+            _diagnostics.leave(seq)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from `src` to every process."""
         if not dist.is_initialized():
             return obj
         holder = [obj]
-        with self._collective("broadcast", (f"src={src}",)):
+        with _diagnostics.collective("broadcast", self._timeout_words, (f"src={src}",)):
             dist.broadcast_object_list(holder, src=src, device=self._object_device)
         return holder[0]
 
@@ -278,23 +289,48 @@ class ParallelStrategy(Strategy):
     @property
     def _live_group_uses_nccl(self) -> bool:
         # The group that exists decides, not the configured name: a group made by the user or torchrun may use
-        # another backend, and a mixed one ("cpu:gloo,cuda:nccl") sends CUDA tensors through NCCL.
-        return self.root_device.type == "cuda" and "nccl" in str(dist.get_backend())
+        # another backend, and a mixed one ("cpu:gloo,cuda:nccl") sends CUDA tensors through NCCL. Decided once per
+        # group (a weak reference: the group must die with destroy_process_group), not on every barrier; a CPU
+        # process never uses NCCL (its root device is fixed once the processes exist).
+        cached = self.__dict__.get("_nccl_decision")
+        if cached is not None and (cached[0] is None or cached[0]() is dist.group.WORLD):
+            return cached[1]
+        if self.root_device.type != "cuda":
+            self.__dict__["_nccl_decision"] = (None, False)
+            return False
+        world = dist.group.WORLD
+        uses_nccl = "nccl" in str(dist.get_backend())
+        self.__dict__["_nccl_decision"] = (weakref.ref(world), uses_nccl)
+        return uses_nccl
 
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-        """Stack the tensors of all processes along a new first dimension."""
+        """Stack the tensors of all processes along a new first dimension (one collective; equal shapes)."""
         if not dist.is_initialized():
             return tensor
-        with self._collective("all_gather", (tensor,), group):
+        seq = 0
+        try:
+            seq = _diagnostics.enter("all_gather", (tensor,), group)
             return _dist.all_gather(tensor, group=group, sync_grads=sync_grads)
+        except RuntimeError as err:
+            _diagnostics.failed(err, "all_gather", seq, self._timeout_words)
+            raise
+        finally:
+            _diagnostics.leave(seq)
 
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: str = "mean") -> Tensor:
         """Reduce across processes; the input is left unchanged."""
         if not dist.is_initialized():
             _dist.check_reduce_op(reduce_op)
             return tensor
-        with self._collective("all_reduce", (tensor, reduce_op), group):
-            return _dist.all_reduce(tensor, reduce_op, self.world_size, group=group)
+        seq = 0
+        try:
+            seq = _diagnostics.enter("all_reduce", (tensor, reduce_op), group)
+            return _dist.all_reduce(tensor, reduce_op, group=group)
+        except RuntimeError as err:
+            _diagnostics.failed(err, "all_reduce", seq, self._timeout_words)
+            raise
+        finally:
+            _diagnostics.leave(seq)
 
     def _collective(
         self, operation: str, args: tuple[Any, ...] = (), group: Any = None
@@ -303,12 +339,14 @@ class ParallelStrategy(Strategy):
 
         `args` are what must match on every rank (FABRIC_DEBUG_COLLECTIVES): tensors by dtype and shape.
         """
+        return _diagnostics.collective(operation, self._timeout_words, args, group)
+
+    def _timeout_words(self) -> tuple[str, str]:
+        """How long a collective waits and the call that sets it, for a failure's message (made only then)."""
         if self._owns_process_group:
-            waited, setting = str(self._timeout), f"{type(self).__name__}(timeout=...)"
-        else:
-            # The group is someone else's: its timeout was set where it was created, not by this strategy.
-            waited, setting = "the process group's timeout", "torch.distributed.init_process_group(timeout=...)"
-        return _diagnostics.collective(operation, waited, setting, args, group)
+            return str(self._timeout), f"{type(self).__name__}(timeout=...)"
+        # The group is someone else's: its timeout was set where it was created, not by this strategy.
+        return "the process group's timeout", "torch.distributed.init_process_group(timeout=...)"
 
 
 def _share_cpu_threads(num_processes: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -37,55 +38,90 @@ def check_reduce_op(reduce_op: Any) -> str:
     return "mean" if name == "avg" else name
 
 
-def all_reduce(tensor: Tensor, reduce_op: Any, world_size: int, group: Any | None = None) -> Tensor:
+# torch 2.13 renamed all_gather_into_tensor (deprecated there, with a warning per call) to all_gather_single.
+_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# reduce_op strings as users pass them -> (torch's op, whether to divide by the group size): parsed once per name.
+_PARSED_OPS: dict[str, tuple[Any, bool]] = {}
+_WORLD_SIZE: list[Any] = [lambda: None, 0]  # (weak reference to the default group, its size)
+
+
+def parse_reduce_op(reduce_op: Any) -> tuple[Any, bool]:
+    """torch's ReduceOp for `reduce_op` and whether the sum must be divided by the group size ('mean')."""
+    parsed = _PARSED_OPS.get(reduce_op) if isinstance(reduce_op, str) else None
+    if parsed is None:
+        name = check_reduce_op(reduce_op)
+        parsed = (getattr(dist.ReduceOp, _REDUCE_OPS[name]), name == "mean")
+        if isinstance(reduce_op, str):
+            _PARSED_OPS[reduce_op] = parsed
+    return parsed
+
+
+def all_reduce(tensor: Tensor, reduce_op: Any, group: Any | None = None) -> Tensor:
     """Reduce a copy of `tensor` across the group; 'mean' divides the sum by the group size."""
-    op_name = check_reduce_op(reduce_op)
-    result = tensor.clone()
-    if op_name == "mean" and not torch.is_floating_point(result):
-        result = result.float()
-    dist.all_reduce(result, op=getattr(dist.ReduceOp, _REDUCE_OPS[op_name]), group=group)
-    if op_name == "mean":
-        size = dist.get_world_size(group) if group is not None else world_size
-        result = result / size
+    op, mean = parse_reduce_op(reduce_op)
+    if mean and not tensor.is_floating_point():
+        result = tensor.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+    else:
+        # The one copy the call needs (the input is left unchanged); contiguous, as the backends require.
+        result = tensor.clone() if tensor.is_contiguous() else tensor.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(result, op=op, group=group)
+    if mean:
+        result.div_(_group_size(group))
     return result
 
 
 def all_gather(tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-    """Stack every process's tensor along a new first dimension; with sync_grads the result is differentiable."""
-    if tensor.dim() == 0:
-        tensor = tensor.unsqueeze(0)
-        squeeze = True
-    else:
-        squeeze = False
-    tensor = tensor.contiguous()
+    """Stack every process's tensor along a new first dimension; with sync_grads the result is differentiable.
+
+    One collective into a preallocated `(world_size * numel,)` buffer, viewed as `(world_size, *shape)`: the flat
+    form is the one every backend accepts (gloo refuses the stacked form). Every process must pass the same shape.
+    """
+    world_size = _group_size(group)
     if sync_grads:
-        gathered = _DifferentiableAllGather.apply(tensor, group)
-    else:
-        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, tensor, group=group)
-        gathered = torch.stack(parts)
-    return gathered.squeeze(1) if squeeze else gathered
+        return _DifferentiableAllGather.apply(tensor, group, world_size)
+    return _gather_flat(tensor, group, world_size)
+
+
+def _group_size(group: Any | None) -> int:
+    # The group's own size(), the default group's looked up once: dist.get_world_size(group) validates and looks
+    # the group up on every call (a microsecond, which a collective of a few kilobytes notices).
+    if group is not None:
+        return group.size()
+    world = dist.group.WORLD
+    ref, size = _WORLD_SIZE
+    if ref() is not world:
+        size = world.size()  # type: ignore[union-attr]
+        _WORLD_SIZE[:] = [weakref.ref(world), size]  # weak: the group must die with destroy_process_group
+    return size
+
+
+def _gather_flat(tensor: Tensor, group: Any | None, world_size: int) -> Tensor:
+    flat = tensor.reshape(-1)  # a view where it can be (contiguous input), else the one copy the backend needs
+    out = flat.new_empty((world_size, *tensor.shape))
+    # The collective writes through a flat view; the stacked tensor itself is returned (not a view: autograd
+    # refuses in-place changes to views made inside a Function's forward).
+    _gather_single(out.view(-1), flat, group=group)
+    return out
 
 
 class _DifferentiableAllGather(torch.autograd.Function):
     """all_gather whose backward sends each rank the summed gradient of its own slice.
 
-    Written on the public collectives: torch's autograd-aware variants are private or deprecated.
+    Written on the public collectives: torch.distributed.nn's gathers are deprecated (a warning per call) or have
+    no backward on gloo.
     """
 
     @staticmethod
-    def forward(ctx: Any, tensor: Tensor, group: Any | None) -> Tensor:
+    def forward(ctx: Any, tensor: Tensor, group: Any | None, world_size: int) -> Tensor:
         ctx.group = group
         ctx.rank = dist.get_rank(group)
-        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, tensor, group=group)
-        return torch.stack(parts)
+        return _gather_flat(tensor, group, world_size)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         grad = grad.contiguous()
         dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
-        return grad[ctx.rank], None
+        return grad[ctx.rank], None, None
 
 
 def init_process_group(
@@ -176,23 +212,46 @@ def default_store() -> Any:
 
 @contextmanager
 def explain_timeout(operation: str, waited: str, setting: str) -> Iterator[None]:
-    """Turn torch's bare collective timeout into an error that names the operation and how to wait longer.
+    """Add to torch's bare collective timeout a note that names the operation and how to wait longer.
 
     `waited` says how long (e.g. "0:00:03"), `setting` the call that sets it (e.g. "DDPStrategy(timeout=...)").
     gloo raises a RuntimeError ("Timed out waiting 3000ms for recv operation ...") from barrier, broadcast,
     all_gather and all_reduce alike (checked with torch 2.13); NCCL raises DistBackendError, a RuntimeError too.
+    The error keeps its type (a user's `except DistBackendError` still matches); the explanation is a note.
     Other errors (a peer that left: "Connection closed by peer") pass through unchanged.
     """
     try:
         yield
     except RuntimeError as err:
-        text = str(err).lower()
-        # An error fabric.diagnostics already explained (a recorded collective nested in this one) stays as it is.
-        if ("timed out" not in text and "timeout" not in text) or getattr(err, "_fabric_collective_explained", False):
-            raise
-        longer = setting.replace("...", "timedelta(minutes=...)")
-        raise RuntimeError(
-            f"fabric.{operation}() timed out after {waited} waiting for the other processes ({setting}). "
-            "A process may have died or be stuck, e.g. in a long computation or in a different collective; "
-            f"check the other processes' output. Pass {longer} to wait longer."
-        ) from err
+        note_timeout(err, operation, waited, setting)
+        raise
+
+
+def note_timeout(err: RuntimeError, operation: str, waited: str, setting: str) -> None:
+    """Add the timeout explanation to `err` when it is a timeout no recorded collective explained already."""
+    text = str(err).lower()
+    # An error fabric.diagnostics already explained (a recorded collective nested in this one) stays as it is.
+    if ("timed out" not in text and "timeout" not in text) or getattr(err, "_fabric_collective_explained", False):
+        return
+    longer = setting.replace("...", "timedelta(minutes=...)")
+    add_note(
+        err,
+        f"fabric.{operation}() timed out after {waited} waiting for the other processes ({setting}). "
+        "A process may have died or be stuck, e.g. in a long computation or in a different collective; "
+        f"check the other processes' output. Pass {longer} to wait longer.",
+    )
+    err._fabric_collective_explained = True  # type: ignore[attr-defined]
+
+
+def add_note(err: BaseException, text: str) -> None:
+    """Add `text` to `err` as a PEP 678 note, printed under its message; the error keeps its type and message.
+
+    Python 3.10 has no notes (nor prints them): there the text is appended to the message itself.
+    """
+    if hasattr(err, "add_note"):
+        err.add_note(text)
+        return
+    notes = err.__dict__.setdefault("__notes__", [])
+    notes.append(text)
+    if err.args and isinstance(err.args[0], str):
+        err.args = (f"{err.args[0]}\n{text}", *err.args[1:])

@@ -207,9 +207,11 @@ def test_recorder_publishes_a_rising_heartbeat_and_its_end(monkeypatch: pytest.M
     assert (start.last, start.state, start.pid, start.beat) == (None, "running", os.getpid(), 1)
     recorder.publish(store)  # a tick of the health thread
     assert PeerRecord.decode(1, store.get(record_key(1))).beat == 2
-    collective = recorder.enter("barrier")
+    here = sys._getframe()
+    seq = recorder.enter("barrier", here.f_code, here.f_lasti)
+    collective = recorder.snapshot()[0]
     assert collective == Collective(1, "barrier", f"test_diagnostics_explain.py:{_line_of('recorder.enter(')}")
-    recorder.leave(collective)
+    recorder.leave(seq)
     monkeypatch.setattr(sys, "last_value", ValueError("bad batch"), raising=False)
     recorder.finish()
     end = PeerRecord.decode(1, store.get(record_key(1)))

@@ -57,26 +57,29 @@ def test_signature_names_dtype_shape_and_options() -> None:
     assert signature("barrier", ()) == "barrier()"
 
 
+def _words() -> tuple[str, str]:
+    return "0:00:03", "DDPStrategy(timeout=...)"
+
+
 def test_without_a_recorder_the_plain_timeout_message_remains() -> None:
     assert not dist.is_initialized()
-    with (
-        pytest.raises(RuntimeError, match=r"^fabric\.barrier\(\) timed out after 0:00:03 waiting for the other"),
-        track.collective("barrier", "0:00:03", "DDPStrategy(timeout=...)"),
-    ):
+    with pytest.raises(RuntimeError) as info, track.collective("barrier", _words):
         raise RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+    assert info.value.__notes__[-1].startswith("fabric.barrier() timed out after 0:00:03 waiting for the other")
 
 
 def test_recording_on_a_real_group(one_rank_group: Any) -> None:
     recorder = track.start_recording()
     assert recorder is not None and track.start_recording() is recorder, "one recorder per group"
-    with track.collective("all_reduce", "0:00:03", "DDPStrategy(timeout=...)", (torch.ones(1), "sum")):
+    with track.collective("all_reduce", _words, (torch.ones(1), "sum")):
         dist.all_reduce(torch.ones(1))
     line = sys._getframe().f_lineno + 1
-    with (
-        pytest.raises(RuntimeError, match=r"^fabric\.barrier\(\) at test_diagnostics_track\.py:\d+ \(collective #2\)"),
-        track.collective("barrier", "0:00:03", "DDPStrategy(timeout=...)"),
-    ):
-        raise RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+    with pytest.raises(dist.DistBackendError) as info, track.collective("barrier", _words):
+        raise dist.DistBackendError("Timed out waiting 3000ms for recv operation to complete")
+    # torch's error of torch's type (a user's retry code catches it as before), explained in a note.
+    assert str(info.value) == "Timed out waiting 3000ms for recv operation to complete"
+    assert info.value.__notes__[-1].startswith(f"fabric.barrier() at test_diagnostics_track.py:{line} (collective #2)")
+    assert recorder.position() == (2, False), "left in a finally: a failed collective is not still waited in"
     track.stop_recording()
     record = PeerRecord.decode(0, dist.distributed_c10d._get_default_store().get(record_key(0)))
     assert record.state == "exited"
@@ -85,8 +88,9 @@ def test_recording_on_a_real_group(one_rank_group: Any) -> None:
 
 def test_errors_that_say_nothing_about_peers_pass_through(one_rank_group: Any) -> None:
     track.start_recording()
-    with pytest.raises(RuntimeError, match=r"^Tensors must be contiguous$"), track.collective("all_gather", "", ""):
+    with pytest.raises(RuntimeError, match=r"^Tensors must be contiguous$") as info, track.collective("x", _words):
         raise RuntimeError("Tensors must be contiguous")
+    assert not hasattr(info.value, "__notes__")
 
 
 def test_debug_mode_warns_that_subgroups_are_not_compared(one_rank_group: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,7 +99,7 @@ def test_debug_mode_warns_that_subgroups_are_not_compared(one_rank_group: Any, m
     subgroup = dist.new_group([0])
     with (
         pytest.warns(UserWarning, match=r"fabric\.all_reduce\(group=\.\.\.\) runs on a subgroup; only collectives"),
-        track.collective("all_reduce", "0:00:03", "DDPStrategy(timeout=...)", group=subgroup),
+        track.collective("all_reduce", _words, group=subgroup),
     ):
         dist.all_reduce(torch.ones(1), group=subgroup)
 
@@ -106,6 +110,7 @@ def _recorder(store: Any) -> CollectiveRecorder:
 
 def _peer_entry(store: Any, seq: int, sig: str, site: str = "train.py:9") -> None:
     store.set(f"fabric/diag/check/{seq}/1", json.dumps({"sig": sig, "site": site}))
+    store.set(f"fabric/diag/check-read/{seq}/1", "1")  # on a mismatch, rank 1 has read the entries too
 
 
 def test_check_passes_when_every_rank_issues_the_same() -> None:
@@ -138,3 +143,74 @@ def test_debug_mode_warns_when_the_group_has_no_usable_store(
     monkeypatch.setattr(track, "_default_store", lambda: None)
     with pytest.warns(UserWarning, match=r"FABRIC_DEBUG_COLLECTIVES=1: the process group has no rendezvous store"):
         assert track.start_recording() is None
+
+
+def test_the_hot_path_resolves_no_call_site_until_one_is_read(
+    one_rank_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fabric.diagnostics import record
+
+    resolved: list[int] = []
+    real = record.site_text
+    monkeypatch.setattr(record, "site_text", lambda code, offset: resolved.append(offset) or real(code, offset))
+    recorder = track.start_recording()
+    assert recorder is not None
+    for _ in range(100):
+        with track.collective("all_reduce", _words, (torch.ones(1), "sum")):
+            line = sys._getframe().f_lineno
+    assert resolved == [], "a healthy collective makes no file:line text"
+    last, inside = recorder.snapshot()
+    assert last is not None and not inside and last.seq == 100
+    assert last.site == f"test_diagnostics_track.py:{line - 1}" and len(resolved) == 1
+
+
+def test_debug_check_waits_on_its_own_store_connection(one_rank_group: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(track.DEBUG_VARIABLE, "1")
+    recorder = track.start_recording()
+    assert recorder is not None and recorder.check_store is not None
+    assert recorder.check_store is not recorder.store, "the shared default-store client stays free meanwhile"
+    with track.collective("all_reduce", _words, (torch.ones(1), "sum")):
+        pass
+    assert recorder.check_store.check(["fabric/diag/check/1/0"])
+
+
+def test_a_gather_whose_shapes_differ_names_the_uneven_opt_in() -> None:
+    store = dist.HashStore()
+    recorder = _recorder(store)
+    _peer_entry(store, 1, "all_gather(float32[3, 4])")
+    with pytest.raises(CollectiveMismatchError) as info:
+        check_same_collective(recorder, Collective(1, "all_gather", "eval.py:9"), (torch.ones(2, 4),))
+    assert "rank 0 calls all_gather(float32[2, 4]) at eval.py:9; rank 1 calls all_gather(float32[3, 4])" in str(
+        info.value
+    )
+    assert "call fabric.all_gather(data, uneven=True), which returns a list" in str(info.value)
+    _peer_entry(store, 2, "all_gather(float64[2, 4])")  # another dtype: not a matter of shapes
+    with pytest.raises(CollectiveMismatchError) as info:
+        check_same_collective(recorder, Collective(2, "all_gather", "eval.py:9"), (torch.ones(2, 4),))
+    assert "uneven=True" not in str(info.value)
+    recorder.finish()
+
+
+def test_nccl_turns_on_torchs_flight_recorder_unless_the_user_chose() -> None:
+    env: dict[str, str] = {}
+    assert track.prepare_torch_env("nccl", env) == ["TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    assert env == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert track.flight_recorder_dumps(env) == "/tmp/nccl_trace_rank_"
+    mine = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_FR_DUMP_TEMP_FILE": "/d/r_"}
+    assert track.prepare_torch_env("cpu:gloo,cuda:nccl", mine) == []
+    assert mine["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0" and track.flight_recorder_dumps(mine) == "/d/r_"
+    newer = {"TORCH_FR_BUFFER_SIZE": "10"}
+    assert track.prepare_torch_env("nccl", newer) == ["TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    gloo: dict[str, str] = {"FABRIC_DEBUG_COLLECTIVES": "1"}
+    assert track.prepare_torch_env("gloo", gloo) == [] and gloo == {"FABRIC_DEBUG_COLLECTIVES": "1"}
+
+
+def test_no_fabric_recorder_on_nccl_unless_debug_mode_asks(
+    one_rank_group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.delenv(track.DEBUG_VARIABLE, raising=False)
+    assert track.start_recording() is None
+    assert track._recorder(None) is None
+    monkeypatch.setenv(track.DEBUG_VARIABLE, "1")  # the cross-rank check goes through the store: it works on NCCL
+    assert track.start_recording() is not None

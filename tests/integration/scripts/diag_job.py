@@ -9,6 +9,7 @@ from stderr as the user would see it. CASE:
   op        (debug mode) rank 0 calls all_reduce where rank 1 calls barrier
   shape     (debug mode) the ranks all_reduce tensors of different shapes
   dtype     (debug mode) the ranks all_reduce tensors of different dtypes
+  gather    (debug mode) the ranks all_gather tensors of different shapes without uneven=True
   agree     (debug mode) every kind of collective, issued alike; writes OUTDIR/rankR.json with the results
 """
 
@@ -58,7 +59,7 @@ def main() -> None:
         if rank == 0:
             sleep_forever()
         fabric.backward(loss)  # collective #3: rank 1 waits in DDP's gradient all_reduce
-    elif case in ("op", "shape", "dtype"):
+    elif case in ("op", "shape", "dtype", "gather"):
         mismatch(fabric, case)
     elif case == "agree":
         agree(fabric, outdir)
@@ -73,6 +74,8 @@ def mismatch(fabric: Fabric, case: str) -> None:
             fabric.barrier()  # mismatch: op, rank 1
     elif case == "shape":
         fabric.all_reduce(torch.ones(2 + rank, 3))  # mismatch: shape
+    elif case == "gather":
+        fabric.all_gather(torch.ones(2 - rank, 3))  # mismatch: gather shape
     else:
         fabric.all_reduce(torch.ones(2, dtype=torch.float32 if rank == 0 else torch.float64))  # mismatch: dtype
 

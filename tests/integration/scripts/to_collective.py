@@ -42,9 +42,10 @@ def main() -> None:
         try:
             calls[op]()
             result = {"raised": None}
-        except Exception as err:
-            cause = err.__cause__
-            result = {"raised": type(err).__name__, "message": str(err), "cause": repr(cause)}
+        except Exception as err:  # torch's own error, with fabric's explanation added as its last note
+            notes = getattr(err, "__notes__", [""])
+            result = {"raised": type(err).__name__, "runtime_error": isinstance(err, RuntimeError)}
+            result |= {"message": notes[-1], "error": str(err), "cause": repr(err.__cause__)}
         result["seconds"] = time.monotonic() - start
         write_json(outdir / f"{op}.json", result)
     write_json(outdir / "done.json", {})

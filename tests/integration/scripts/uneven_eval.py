@@ -26,7 +26,7 @@ def gather_uneven_rows(fabric: Fabric) -> Any:
     rank = fabric.global_rank
     rows = torch.arange(6.0).view(3, 2)[: 3 * (1 - rank)] + 100 * rank  # rank 0: 3 rows, rank 1: 0 rows
     data = {"rows": rows, "inner": [torch.full((rank + 1, 2, rank + 1), rank), 5.0 + rank]}
-    return fabric.all_gather(data)
+    return fabric.all_gather(data, uneven=True)
 
 
 def gather_equal_shapes(fabric: Fabric) -> Any:
@@ -36,7 +36,7 @@ def gather_equal_shapes(fabric: Fabric) -> Any:
 def gather_uneven_sync_grads(fabric: Fabric) -> Any:
     rank = fabric.global_rank
     x = torch.ones(rank + 1, requires_grad=True)
-    parts = fabric.all_gather(x, sync_grads=True)
+    parts = fabric.all_gather(x, sync_grads=True, uneven=True)
     # Both ranks weigh rank j's part by (j + 1): the gradient reaching rank j sums both ranks', 2 * (j + 1).
     loss = sum((j + 1) * part.sum() for j, part in enumerate(parts))
     loss.backward()
@@ -47,7 +47,7 @@ def gather_mismatch(fabric: Fabric) -> Any:
     rank = fabric.global_rank
     data = [torch.zeros(2)] * (rank + 1)  # rank 0 sends one tensor, rank 1 two
     try:
-        fabric.all_gather(data)
+        fabric.all_gather(data, uneven=True)
         error = None
     except ValueError as err:
         error = str(err)
@@ -79,7 +79,7 @@ def _evaluate(fabric: Fabric, model: nn.Module, size: int, even_batches: bool) -
             seen += len(y)
     local = {"ids": torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64)}
     local["logits"] = torch.cat(logits) if logits else torch.zeros(0, 3)
-    gathered = fabric.all_gather(local)
+    gathered = fabric.all_gather(local, uneven=True)
     totals = fabric.all_reduce({"correct": correct, "seen": seen}, reduce_op="sum")
     return {
         "batches": len(loader),
