@@ -133,7 +133,7 @@ def _recorder(group: Any) -> CollectiveRecorder | None:
     if group is not None and group is not world:
         return None
     ref, recorder = _LAST
-    if ref() is world and recorder is not None:  # the cache is cleared whenever its recorder finishes
+    if world is not None and ref() is world and recorder is not None:  # cleared whenever its recorder finishes
         return recorder
     recorder = _RECORDERS.get(world) if world is not None else None
     if recorder is None or recorder.finished:
@@ -162,7 +162,8 @@ def enter(op: str, args: tuple[Any, ...] = (), group: Any = None) -> int:
     The user's line is kept as its frame's code object and offset (made into `file:line` when something reads it).
     """
     ref, recorder = _LAST
-    if recorder is None or ref() is not dist.group.WORLD or (group is not None and group is not ref()):
+    world = dist.group.WORLD  # None once the group is gone: a dead cache entry's ref() is None too, so check it
+    if recorder is None or world is None or ref() is not world or (group is not None and group is not world):
         recorder = _recorder(group)  # the cached default-group recorder does not apply: look it up
     if recorder is None:
         if group is not None and os.environ.get(DEBUG_VARIABLE) and debug_enabled():

@@ -68,6 +68,14 @@ def test_without_a_recorder_the_plain_timeout_message_remains() -> None:
     assert info.value.__notes__[-1].startswith("fabric.barrier() timed out after 0:00:03 waiting for the other")
 
 
+def test_a_cached_recorder_of_a_destroyed_group_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    # After destroy_process_group both the cache's dead weak reference and dist.group.WORLD are None.
+    stale = type("Stale", (), {"enter": lambda *a: pytest.fail("a finished group's recorder was used")})()
+    monkeypatch.setattr(track, "_LAST", [lambda: None, stale])
+    assert not dist.is_initialized()
+    assert track.enter("barrier") == 0
+
+
 def test_recording_on_a_real_group(one_rank_group: Any) -> None:
     recorder = track.start_recording()
     assert recorder is not None and track.start_recording() is recorder, "one recorder per group"
