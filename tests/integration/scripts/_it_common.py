@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,13 @@ def outdir_from_argv() -> Path:
     if len(sys.argv) < 2:
         raise SystemExit(f"usage: {sys.argv[0]} OUTDIR [ARGS...]")
     return Path(sys.argv[1])
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now, for a job's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def write_json(path: Path, data: Any) -> None:

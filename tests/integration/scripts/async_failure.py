@@ -14,7 +14,6 @@ Each time, the checkpoint saved before is intact.
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import outdir_from_argv
+from _it_common import free_port, outdir_from_argv
 from torch import nn
 
 from fabric import AsyncCheckpointIO, Fabric
@@ -108,12 +107,6 @@ def rank_main(rank: int, outdir: Path, port: int) -> None:
         dist.barrier()
     torch.save(results, outdir / f"rank{rank}.pt")
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ to observations, or {"error": traceback}.
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import outdir_from_argv
+from _it_common import free_port, outdir_from_argv
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -173,12 +172,6 @@ def rank_main(rank: int, outdir: Path, port: int) -> None:
     results["last_complete"] = sorted(p.name for p in (outdir / "last").iterdir())
     torch.save(results, outdir / f"rank{rank}.pt")
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def main() -> None:

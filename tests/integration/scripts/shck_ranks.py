@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import outdir_from_argv
+from _it_common import free_port, outdir_from_argv
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 from torch.distributed.device_mesh import init_device_mesh
@@ -249,12 +248,6 @@ def run_single(outdir: Path, name: str, checks: list[Callable[[Path], Any]]) -> 
         except Exception:
             results[check.__name__] = {"error": traceback.format_exc()}
     torch.save(results, outdir / name)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def main() -> None:

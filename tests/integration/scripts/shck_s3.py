@@ -8,7 +8,6 @@ Writes OUTDIR/rank{N}.pt and OUTDIR/after.pt: dicts of observations, or {"error"
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import traceback
 from datetime import timedelta
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import outdir_from_argv
+from _it_common import free_port, outdir_from_argv
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
@@ -80,12 +79,6 @@ def after(outdir: Path, url: str) -> None:
     except Exception:
         result = {"error": traceback.format_exc()}
     torch.save(result, outdir / "after.pt")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def main() -> None:
