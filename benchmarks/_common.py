@@ -236,9 +236,13 @@ MIN_ROUNDS = 9
 
 
 def round_order(names: Sequence[str], round_index: int) -> list[str]:
-    """Contenders in the order round `round_index` runs them: rotated each round, reversed every other round."""
+    """Contenders in the order round `round_index` runs them: reversed every other round, rotated every second.
+
+    Rotating each round and reversing every other one would give two contenders the same order in every round
+    (a rotation by one and a reversal cancel out); this way each takes each place equally often.
+    """
     names = list(names)
-    shift = round_index % len(names)
+    shift = (round_index // 2) % len(names)
     order = names[shift:] + names[:shift]
     return order[::-1] if round_index % 2 else order
 

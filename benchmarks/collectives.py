@@ -8,13 +8,15 @@ One case per row of the zero-cost issue:
 - barrier: `dist.barrier()` against `fabric.barrier()`.
 
 Each job is 2 ranks started as torchrun would start them (`_common.run_two_ranks`), with one framework: `fabric`
-or, where importable, Lightning Fabric (`lightning_fabric`, the same calls). Inside a job, blocks of calls
-alternate between raw torch and the framework (a barrier before each block), so both see the same machine state;
-a job's sample for a case is the median over its blocks of the time per call. Every round starts a fresh job per
-framework, in the order `round_order` gives (rotated and reversed every other round); the ratio of a round is
-framework / raw of the same job, reported as the median and p25-p75 over the rounds.
+or, where importable, Lightning Fabric (`lightning_fabric`, the same calls). Inside a job, raw torch and the framework
+alternate call by call (the order flips every call, `round_order`), each call timed alone, so both see the same
+machine state: a barrier's time is mostly the two processes waking each other, and it drifts by 2x and more over
+blocks of calls (blocks of 100 gave per-round ratios from 0.9x to 1.55x); alternating single calls pairs them.
+A job's sample for a case is the median over its calls. Every round starts a fresh job per framework, in the order
+`round_order` gives; the ratio of a round is framework / raw of the same job, reported as the median and p25-p75
+over the rounds.
 
-Run:  python benchmarks/collectives.py [--rounds 9] [--calls 200]
+Run:  python benchmarks/collectives.py [--rounds 9] [--cases barrier "all_gather 4 KB"]
       python benchmarks/collectives.py --smoke        # one short round: checks that it runs, no numbers
 """
 
@@ -40,11 +42,11 @@ CASES = {
     "all_reduce 1 MB": ("all_reduce", 262144),
     "barrier": ("barrier", 0),
 }
-# (timed calls per block, blocks per contender and case, warm-up calls per case)
-SIZES = {"full": (100, 8, 50), "smoke": (3, 2, 2)}
+# (timed calls per contender and case, warm-up calls per case); 1 MB calls take about 1 ms, the others 0.1 ms
+SIZES = {"full": (1500, 100), "smoke": (4, 2)}
 
 
-def worker(framework: str, size: str) -> None:
+def worker(framework: str, size: str, cases: str) -> None:
     """One rank of a job: time raw torch and `framework` block by block; rank 0 prints the medians."""
     import torch
     import torch.distributed as dist
@@ -53,29 +55,36 @@ def worker(framework: str, size: str) -> None:
     fab = __import__(framework).Fabric(accelerator="cpu", strategy="ddp", devices=WORLD_SIZE)
     fab.launch()
     torch.set_num_threads(1)  # a framework may have changed it during setup
-    calls, blocks, warmup = SIZES[size]
+    calls, warmup = SIZES[size]
     gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     result: dict[str, dict[str, float]] = {}
-    for case, (op, numel) in CASES.items():
+    for case in cases.split(","):
+        op, numel = CASES[case]
         x = torch.randn(numel)
         contenders = {"raw": _raw(op, x, dist, gather_single), "framework": _framework(op, x, fab)}
         for _ in range(warmup):
             for call in contenders.values():
                 call()
-        per_call: dict[str, list[float]] = {name: [] for name in contenders}
-        for block in range(blocks):
-            for name in round_order(list(contenders), block):
-                call = contenders[name]
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    call()
-                per_call[name].append((time.perf_counter() - start) / calls)
-        result[case] = {name: statistics.median(samples) for name, samples in per_call.items()}
+        dist.barrier()
+        result[case] = _alternate(contenders, calls)
     if fab.global_rank == 0:
         emit({"cases": result})
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _alternate(contenders: dict[str, Callable[[], Any]], calls: int) -> dict[str, float]:
+    """Median time per call of each contender, the contenders called in turn (the order flips every call)."""
+    clock = time.perf_counter
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    orders = [round_order(list(contenders), index) for index in range(4)]  # a cycle of orders
+    for index in range(calls):
+        for name in orders[index % 4]:
+            call = contenders[name]
+            start = clock()
+            call()
+            times[name].append(clock() - start)
+    return {name: statistics.median(samples) for name, samples in times.items()}
 
 
 def _raw(op: str, x: Any, dist: Any, gather_single: Callable[..., Any]) -> Callable[[], Any]:
@@ -107,9 +116,9 @@ def _framework(op: str, x: Any, fab: Any) -> Callable[[], Any]:
     return fab.barrier
 
 
-def launch(framework: str, size: str) -> dict:
+def launch(framework: str, size: str, cases: list[str]) -> dict:
     """Start a 2-rank job of `framework` as torchrun would; return rank 0's per-case medians."""
-    data = run_two_ranks([str(HERE / "collectives.py"), "--worker", framework, size], {}, timeout=600)
+    data = run_two_ranks([str(HERE / "collectives.py"), "--worker", framework, size, ",".join(cases)], {}, timeout=600)
     return data["cases"]
 
 
@@ -118,7 +127,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help=f"fresh jobs per framework (>= {MIN_ROUNDS})")
     parser.add_argument("--smoke", action="store_true", help="one short round: checks that it runs")
     parser.add_argument("--peer-python", help="accepted for run_all; Lightning Fabric is used where importable here")
-    parser.add_argument("--worker", nargs=2, metavar=("FRAMEWORK", "SIZE"), help=argparse.SUPPRESS)
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), metavar="CASE", help="only these cases (quoted)")
+    parser.add_argument("--worker", nargs=3, metavar=("FRAMEWORK", "SIZE", "CASES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker)
@@ -134,23 +144,24 @@ def main() -> int:
     elif not args.smoke:
         print("skipped: lightning_fabric: not importable by this interpreter")
     # samples[framework][case] = {"raw": [...], "framework": [...]}, one value per round
+    cases = args.cases or list(CASES)
     samples: dict[str, dict[str, dict[str, list[float]]]] = {
-        fw: {case: {"raw": [], "framework": []} for case in CASES} for fw in frameworks
+        fw: {case: {"raw": [], "framework": []} for case in cases} for fw in frameworks
     }
     for index in range(rounds):
         for fw in round_order(frameworks, index):
-            for case, medians in launch(fw, size).items():
+            for case, medians in launch(fw, size, cases).items():
                 for name, value in medians.items():
                     samples[fw][case][name].append(value)
-    calls, blocks, _ = SIZES[size]
+    calls, _ = SIZES[size]
     ok = True
-    for case in CASES:
+    for case in cases:
         raw = samples["fabric"][case]["raw"]
         rows = [Row("raw torch", raw)]
         for fw in frameworks:
             rows.append(Row(fw, samples[fw][case]["framework"], samples[fw][case]["raw"], "vs raw of its own job"))
         print_table(
-            f"{case}, {WORLD_SIZE} CPU ranks (gloo), 1 thread; {rounds} rounds x {blocks} blocks x {calls} calls",
+            f"{case}, {WORLD_SIZE} CPU ranks (gloo), 1 thread; {rounds} rounds x {calls} alternated calls",
             rows,
             "us/call",
             1e6,

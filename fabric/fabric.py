@@ -441,9 +441,11 @@ class Fabric:
     # -- collectives ----------------------------------------------------------------------------
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point."""
-        self._validate_launched("barrier")
-        self._strategy.wait_for_checkpoints()  # checkpoints saved in the background are complete after a barrier
-        self._strategy.barrier(name=name)
+        if not self._launched:  # a barrier is latency-bound: every line here shows in its time (see barrier docs)
+            self._validate_launched("barrier")
+        strategy = self._strategy
+        strategy.wait_for_checkpoints()  # checkpoints saved in the background are complete after a barrier
+        strategy.barrier(name=name)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from process `src` to all processes."""

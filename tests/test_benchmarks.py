@@ -254,7 +254,9 @@ def test_per_round_ratio_lines_become_a_panel_that_marks_the_noise(capsys: pytes
     raw = [100.0, 120.0, 90.0, 110.0, 105.0, 95.0, 130.0, 100.0, 115.0]
     ours = [r * f for r, f in zip(raw, [1.01, 0.99, 1.02, 0.98, 1.03, 1.0, 0.97, 1.01, 1.02], strict=True)]
     assert common.round_order(["a", "b", "c"], 0) == ["a", "b", "c"]
-    assert common.round_order(["a", "b", "c"], 1) == ["a", "c", "b"]  # rotated by one, then reversed
+    assert common.round_order(["a", "b", "c"], 1) == ["c", "b", "a"]  # reversed
+    assert common.round_order(["a", "b", "c"], 2) == ["b", "c", "a"]  # rotated by one
+    assert [common.round_order(["a", "b"], r)[0] for r in range(4)] == ["a", "b", "b", "a"]  # two alternate
     print("=== python benchmarks/collectives.py\nmachine: CPU, 2 cores, Linux, load avg 0.20 | x")
     assert common.print_ratio("fabric all_reduce 4 KB", ours, raw, target=1.05)
     assert not common.print_ratio("lightning_fabric all_reduce 4 KB", [r * 2 for r in raw], raw, target=1.05)

@@ -256,8 +256,10 @@ class _StrategyComponents:
         With an asynchronous CheckpointIO this is collective: only rank 0 writes single files, so the other
         processes must also wait for it before they read, and learn whether it failed (every rank raises).
         """
-        if not self.checkpoint_io.asynchronous:
-            self.checkpoint_io.wait()
+        io = self._checkpoint_io  # None: no checkpoint IO was made yet, so nothing can be in flight
+        if io is None or not io.asynchronous:
+            if io is not None:
+                io.wait()
             return
         from fabric.checkpoint.async_saver import wait_on_every_rank
 
