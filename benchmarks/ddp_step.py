@@ -3,10 +3,10 @@
 One 2-rank job (started as torchrun would: RANK, WORLD_SIZE, MASTER_ADDR, ... in the environment) holds every
 contender: fabric sets up its model (creating the process group, as in a user's script), raw torch wraps its
 own copy of the same model in DistributedDataParallel on that group, and Lightning Fabric (where this
-interpreter imports it) sets up a third copy on it too. Rounds interleave them block by block, in an order that
-rotates and reverses every round, with a barrier before each block; rank 0 times each block. Each round gives
-one per-step time per contender (the median of its blocks), and the ratio to raw DDP is reported as the median
-and p25-p75 band of the per-round ratios: both sides of each ratio ran in the same processes, moments apart.
+interpreter imports it) sets up a third copy on it too. The contenders take turns step by step (the order flips
+every step), each step timed alone on rank 0: each round gives one per-step time per contender (the median of its
+steps), and the ratio to raw DDP is reported as the median and p25-p75 band of the per-round ratios: both sides of
+each ratio ran in the same processes, moments apart.
 
 Run:  python benchmarks/ddp_step.py [--rounds 15]
       python benchmarks/ddp_step.py --profile 2000   # cProfile 2000 fabric DDP steps on rank 0
@@ -18,14 +18,16 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import emit, load_line, run_two_ranks
-from step_overhead import importable_frameworks, interleave, make_mlp, parse, print_profile, report, rounds_to_run
+from _common import emit, load_line, round_order, run_two_ranks
+from step_overhead import importable_frameworks, make_mlp, parse, print_profile, report, rounds_to_run
 
-# name -> (layer widths, batch size per rank, steps per block, blocks per round and contender)
+# name -> (layer widths, batch size per rank, batches, batch cycles per round: steps per round = their product)
 MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {
     "tiny": ((32, 64, 64, 10), 32, 50, 4),
     "small": ((256, 1024, 1024, 256), 64, 10, 2),
@@ -36,8 +38,8 @@ TARGET = 1.02
 WORKER_TIMEOUT_S = 300
 
 
-def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabric: Any) -> Callable[[], None]:
-    """This rank's model, optimizer and data set up by `framework`; a function running `steps` steps."""
+def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabric: Any) -> Callable[[int], None]:
+    """This rank's model, optimizer and data set up by `framework`; a function running step `index` of `steps`."""
     import torch
     from torch.nn.functional import cross_entropy
 
@@ -59,14 +61,40 @@ def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabr
         backward = fab.backward
     torch.set_num_threads(1)  # a framework may have changed it during setup
 
-    def run() -> None:
-        for x, y in batches:
-            loss = cross_entropy(model(x), y)
-            optimizer.zero_grad()
-            backward(loss)
-            optimizer.step()
+    def step(index: int) -> None:
+        x, y = batches[index % steps]
+        loss = cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        backward(loss)
+        optimizer.step()
 
-    return run
+    return step
+
+
+def _all_steps(step: Callable[[int], None], steps: int) -> Callable[[], None]:
+    return lambda: [step(index) for index in range(steps)] and None
+
+
+def alternate(steps: dict[str, Callable[[int], None]], per_round: int, rounds: int) -> dict[str, list[float]]:
+    """Per contender, one per-step time (s) per round: the median of `per_round` single steps, each timed alone.
+
+    The contenders take turns step by step (the order flips every step, `round_order`), so every raw DDP step has
+    fabric's and Lightning's beside it under the same machine state; timing blocks of steps instead let the
+    scheduler's phases fall on one contender's block (per-round ratios then spread from 0.99x to 1.22x).
+    """
+    clock = time.perf_counter
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    orders = [round_order(list(steps), index) for index in range(2 * len(steps))]  # each name in each place
+    for _ in range(rounds):
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        for index in range(per_round):
+            for name in orders[index % len(orders)]:
+                start = clock()
+                steps[name](index)
+                times[name].append(clock() - start)
+        for name, values in times.items():
+            samples[name].append(statistics.median(values))
+    return samples
 
 
 def _peer_fabric(framework: str) -> Any:
@@ -92,14 +120,16 @@ def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_s
     fabric.launch()  # creates the process group, as a user's script does
     widths, batch, steps, blocks = (SMOKE_MODELS if smoke else MODELS)[model_name]
     names = ["fabric"] if profile_steps else frameworks.split(",")
-    runs = {fw: _build(fw, widths, batch, profile_steps or steps, fabric) for fw in names}
+    step_fns = {fw: _build(fw, widths, batch, profile_steps or steps, fabric) for fw in names}
+    runs = {fw: _all_steps(step, profile_steps or steps) for fw, step in step_fns.items()}
     for run in runs.values():  # warm up: allocator, DDP's bucket rebuild after the first step, lazy imports
         for _ in range(1 if smoke else max(2, 100 // steps)):
             run()
     if profile_steps:
         _profile(runs["fabric"], profile_steps)
     else:
-        samples = interleave(runs, steps, blocks, rounds, between=dist.barrier)
+        dist.barrier()
+        samples = alternate(step_fns, steps * blocks, rounds)
         if dist.get_rank() == 0:
             emit({"samples": samples, "world_size": dist.get_world_size(), "backend": dist.get_backend()})
     dist.barrier()
@@ -143,7 +173,7 @@ def main() -> int:
         assert data["world_size"] == WORLD_SIZE, data
         title = (
             f"DDP, {WORLD_SIZE} CPU processes (gloo), {model_name} MLP {'->'.join(map(str, widths))}, batch {batch}"
-            f"/rank; one job, {rounds} interleaved rounds x {blocks} blocks x {steps} steps timed on rank 0, "
+            f"/rank; one job, {rounds} rounds x {blocks * steps} alternated steps, each timed on rank 0, "
             "1 thread/rank"
         )
         report(title, data["samples"], TARGET, raw_label="raw DDP")
