@@ -64,7 +64,7 @@ def test_step_overhead_smoke_pairs_raw_fabric_and_lightning_in_one_process() -> 
 def test_ddp_step_smoke_pairs_raw_ddp_with_fabric_in_one_process_group() -> None:
     result = _run("ddp_step.py", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "DDP, 2 CPU processes (gloo), tiny MLP 32->64->64->10, batch 32/rank; one job, 2 interleaved" in (
+    assert "DDP, 2 CPU processes (gloo), tiny MLP 32->64->64->10, batch 32/rank; one job, 2 rounds x 5 alternated" in (
         result.stdout
     )
     _assert_paired_rows(result.stdout, "raw DDP")
