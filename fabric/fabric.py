@@ -441,7 +441,7 @@ class Fabric:
     # -- collectives ----------------------------------------------------------------------------
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point."""
-        if not self._launched:  # a barrier is latency-bound: every line here shows in its time (see barrier docs)
+        if not self._launched:  # inline: a barrier is latency-bound, and Python before it adds to that latency
             self._validate_launched("barrier")
         strategy = self._strategy
         strategy.wait_for_checkpoints()  # checkpoints saved in the background are complete after a barrier
@@ -449,7 +449,8 @@ class Fabric:
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Send a picklable object from process `src` to all processes."""
-        self._validate_launched("broadcast")
+        if not self._launched:  # inline: a small collective is latency-bound, and Python before it adds to that
+            self._validate_launched("broadcast")
         return self._strategy.broadcast(obj, src=src)
 
     def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False, *, uneven: bool = False) -> Any:
@@ -474,13 +475,15 @@ class Fabric:
             tensors, dtypes): a mismatch raises `ValueError` on every process rather than hanging. On one
             process each tensor is returned as it is.
         """
-        self._validate_launched("all_gather")
+        if not self._launched:  # inline: a small collective is latency-bound, and Python before it adds to that
+            self._validate_launched("all_gather")
         device = self.__dict__.get("_root_device_after_launch") or self._collective_device()
         return _collectives.all_gather(self._strategy, data, group, sync_grads, uneven, device)
 
     def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str = "mean") -> Any:
         """Reduce tensors (or numbers, or collections of them) across processes: mean, sum, max or min."""
-        self._validate_launched("all_reduce")
+        if not self._launched:  # inline: a small collective is latency-bound, and Python before it adds to that
+            self._validate_launched("all_reduce")
         device = self.__dict__.get("_root_device_after_launch") or self._collective_device()
         return _collectives.all_reduce(self._strategy, data, group, reduce_op, device)
 

@@ -310,7 +310,9 @@ class ParallelStrategy(Strategy):
         seq = 0
         try:
             seq = _diagnostics.enter("all_gather", (tensor,), group)
-            return _dist.all_gather(tensor, group=group, sync_grads=sync_grads)
+            if sync_grads:
+                return _dist.all_gather(tensor, group=group, sync_grads=True)
+            return _dist.gather_flat(tensor, group, _dist.group_size(group))  # the common call, one Python call shorter
         except RuntimeError as err:
             _diagnostics.failed(err, "all_gather", seq, self._timeout_words)
             raise

@@ -66,7 +66,7 @@ def all_reduce(tensor: Tensor, reduce_op: Any, group: Any | None = None) -> Tens
         result = tensor.clone() if tensor.is_contiguous() else tensor.clone(memory_format=torch.contiguous_format)
     dist.all_reduce(result, op=op, group=group)
     if mean:
-        result.div_(_group_size(group))
+        result.div_(group_size(group))
     return result
 
 
@@ -76,13 +76,13 @@ def all_gather(tensor: Tensor, group: Any | None = None, sync_grads: bool = Fals
     One collective into a preallocated `(world_size * numel,)` buffer, viewed as `(world_size, *shape)`: the flat
     form is the one every backend accepts (gloo refuses the stacked form). Every process must pass the same shape.
     """
-    world_size = _group_size(group)
+    world_size = group_size(group)
     if sync_grads:
         return _DifferentiableAllGather.apply(tensor, group, world_size)
-    return _gather_flat(tensor, group, world_size)
+    return gather_flat(tensor, group, world_size)
 
 
-def _group_size(group: Any | None) -> int:
+def group_size(group: Any | None) -> int:
     # The group's own size(), the default group's looked up once: dist.get_world_size(group) validates and looks
     # the group up on every call (a microsecond, which a collective of a few kilobytes notices).
     if group is not None:
@@ -95,7 +95,7 @@ def _group_size(group: Any | None) -> int:
     return size
 
 
-def _gather_flat(tensor: Tensor, group: Any | None, world_size: int) -> Tensor:
+def gather_flat(tensor: Tensor, group: Any | None, world_size: int) -> Tensor:
     flat = tensor.reshape(-1)  # a view where it can be (contiguous input), else the one copy the backend needs
     out = flat.new_empty((world_size, *tensor.shape))
     # The collective writes through a flat view; the stacked tensor itself is returned (not a view: autograd
@@ -115,7 +115,7 @@ class _DifferentiableAllGather(torch.autograd.Function):
     def forward(ctx: Any, tensor: Tensor, group: Any | None, world_size: int) -> Tensor:
         ctx.group = group
         ctx.rank = dist.get_rank(group)
-        return _gather_flat(tensor, group, world_size)
+        return gather_flat(tensor, group, world_size)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
