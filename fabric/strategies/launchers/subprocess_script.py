@@ -74,7 +74,8 @@ class SubprocessScriptLauncher(Launcher):
 
     def launch(self, function: Callable[..., Any], *args: Any) -> Any:
         """Start ranks 1..N-1, then run `function` here as local rank 0."""
-        command = _script_command()
+        # One process re-runs nothing, so it needs no script file (a notebook may use strategy='ddp' on 1 device).
+        command = _script_command() if self.num_processes > 1 else []
         self._stderr = sys.stderr
         if self.num_processes > 1:
             self._failure_dir = tempfile.mkdtemp(prefix="fabric-failures-")

@@ -44,6 +44,19 @@ def test_the_script_command_runs_the_script_through_the_worker_entry(monkeypatch
     ]  # fmt: skip
 
 
+def test_one_process_needs_no_script_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A notebook (no __main__.__file__) may run strategy='ddp' on one device: nothing is re-run.
+    import __main__
+
+    monkeypatch.setattr(__main__, "__spec__", None, raising=False)
+    monkeypatch.delattr(__main__, "__file__", raising=False)
+    launcher = SubprocessScriptLauncher(1, 1, 0, "127.0.0.1", 12345)
+    assert launcher.launch(lambda x: x + 1, 41) == 42
+    assert launcher.procs == []
+    with pytest.raises(RuntimeError, match="this session has no script file"):
+        SubprocessScriptLauncher(2, 1, 0, "127.0.0.1", 12345).launch(lambda: None)
+
+
 def _worker_env() -> dict[str, str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[3])
