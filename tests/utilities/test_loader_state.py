@@ -380,3 +380,11 @@ def test_gathering_rank_states_takes_a_second_round_only_for_large_states(tmp_pa
         assert result["small"] == [{"rank": 0}, {"rank": 1}]
         assert [item["rank"] for item in result["big"]] == [0, 1]
         assert [item["blob"] for item in result["big"]] == [b"\x00" * 20000, b"\x01" * 25000]
+
+
+def test_torchdata_comes_with_the_default_install() -> None:
+    # Exact mid-epoch resume after `pip install torchfabric` alone; the former extra still installs.
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    assert "torchdata>=0.11" in project["dependencies"]
+    assert project["optional-dependencies"]["resume"] == ["torchdata>=0.11"]
