@@ -175,7 +175,8 @@ class _FabricDataLoader:
         from fabric.utilities import _loader_state
 
         if not _loader_state.is_stateful(self._dataloader):
-            raise _loader_state.unsupported(self._dataloader)
+            _loader_state.load_without_position(self._dataloader, state_dict)
+            return
         state = _loader_state.rank_state(state_dict, self._rank, self._world_size)
         # Across world sizes the sampler may differ (a RandomSampler on one process, a seeded DistributedSampler on
         # more): both shuffle, but only one has a seed. Only an epoch boundary gets this far (see rank_state).

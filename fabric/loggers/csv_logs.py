@@ -18,8 +18,10 @@ from fabric.loggers.logger import (
     _scalar,
     _version_dir_name,
     _VersionedLogger,
+    rank_zero_experiment,
 )
 from fabric.utilities.exceptions import FabricValueError
+from fabric.utilities.rank_zero import rank_zero_only
 
 
 class CSVLogger(_VersionedLogger):
@@ -64,6 +66,14 @@ class CSVLogger(_VersionedLogger):
         """The directory of this experiment version."""
         return self._version_dir
 
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> _CSVExperiment:
+        """Lightning's experiment writer interface over this logger (``log_metrics``, ``log_hparams``, ``save``);
+        on other ranks than 0 a dummy whose methods do nothing."""
+        return _CSVExperiment(self)
+
+    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float | Tensor], step: int | None = None) -> None:
         """Buffer one row of metrics; it is written every ``flush_logs_every_n_steps`` calls."""
         path = Path(self._local_version_dir) / "metrics.csv"
@@ -83,6 +93,7 @@ class CSVLogger(_VersionedLogger):
         if self._writer.pending >= self._flush_every:
             self.save()
 
+    @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace | Any, *args: Any, **kwargs: Any) -> None:
         """Merge ``params`` into ``hparams.json``; values JSON cannot hold are written as strings."""
         self._hparams.update(_params_to_dict(params, "CSVLogger"))
@@ -92,16 +103,47 @@ class CSVLogger(_VersionedLogger):
         _atomic_write(path, lambda file: file.write(text + "\n"))
         self._upload()
 
+    @rank_zero_only
     def save(self) -> None:
         """Write buffered metric rows to ``metrics.csv`` (and upload it, for a URL ``root_dir``)."""
         if self._writer is not None:
             self._writer.flush()
             self._upload()
 
+    @rank_zero_only
     def finalize(self, status: str) -> None:
         """Write anything still buffered; for a URL ``root_dir``, upload it and remove the local mirror."""
         self.save()
         self._release_mirror()
+
+
+class _CSVExperiment:
+    """What Lightning's CSVLogger.experiment offers, writing through the logger (same files, same buffering)."""
+
+    def __init__(self, logger: CSVLogger) -> None:
+        self._logger = logger
+
+    @property
+    def log_dir(self) -> str:
+        """The directory of the experiment version."""
+        return self._logger.log_dir
+
+    @property
+    def metrics_file_path(self) -> str:
+        """The metrics file of the experiment version."""
+        return str(Path(self._logger.log_dir, "metrics.csv"))
+
+    def log_metrics(self, metrics_dict: Mapping[str, float | Tensor], step: int | None = None) -> None:
+        """Record one row of metrics (see CSVLogger.log_metrics)."""
+        self._logger.log_metrics(metrics_dict, step)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        """Record hyperparameters (see CSVLogger.log_hyperparams)."""
+        self._logger.log_hyperparams(params)
+
+    def save(self) -> None:
+        """Write buffered rows."""
+        self._logger.save()
 
 
 def _json_default(value: Any) -> Any:

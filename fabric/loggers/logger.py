@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from abc import ABC, abstractmethod
 from argparse import Namespace
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import Tensor
 from torch.nn import Module
 
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
+from fabric.utilities.rank_zero import rank_zero_only
 
 if TYPE_CHECKING:
     from fabric.loggers._remote import RemoteDirectory
@@ -22,8 +24,10 @@ if TYPE_CHECKING:
 class Logger(ABC):
     """Records the metrics and hyperparameters of one experiment.
 
-    Loggers know nothing about ranks: the Fabric calls them on global rank 0 only. They create
-    directories on their first write, never in ``__init__``.
+    The built-in loggers write on global rank 0 only, as Lightning Fabric's do: on other ranks their ``log_*``,
+    ``save`` and ``finalize`` do nothing and ``experiment`` is an object whose methods do nothing (see
+    ``rank_zero_experiment``), so no process but rank 0 creates a directory. They create directories on their
+    first write, never in ``__init__``. A logger of your own decides itself (``@rank_zero_only``).
     """
 
     @property
@@ -68,6 +72,41 @@ class Logger(ABC):
     def finalize(self, status: str) -> None:
         """Finish the experiment; ``status`` says how it ended (for example ``"success"``)."""
         self.save()
+
+
+_Experiment = TypeVar("_Experiment")
+
+
+def rank_zero_experiment(fn: Callable[[Any], _Experiment]) -> Callable[[Any], _Experiment | _DummyExperiment]:
+    """Decorate a logger's ``experiment`` getter: rank 0 gets the real experiment, other ranks a _DummyExperiment.
+
+    The getter itself runs on rank 0 only, so the other ranks never create the experiment's directory or files.
+    """
+
+    @functools.wraps(fn)
+    def experiment(self: Any) -> _Experiment | _DummyExperiment:
+        if rank_zero_only.rank > 0:
+            return _DummyExperiment()
+        return fn(self)
+
+    return experiment
+
+
+class _DummyExperiment:
+    """The experiment of a rank other than 0: every method, item and item assignment does nothing."""
+
+    def nop(self, *args: Any, **kwargs: Any) -> None:
+        """Do nothing; every attribute is this method."""
+
+    def __getattr__(self, _: str) -> Callable[..., None]:
+        return self.nop
+
+    def __getitem__(self, index: Any) -> _DummyExperiment:
+        # So that logger.experiment[0].add_image(...) does nothing too.
+        return self
+
+    def __setitem__(self, *args: Any) -> None:
+        pass
 
 
 class _VersionedLogger(Logger):

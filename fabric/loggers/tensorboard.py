@@ -18,7 +18,9 @@ from fabric.loggers.logger import (
     _params_to_dict,
     _scalar,
     _VersionedLogger,
+    rank_zero_experiment,
 )
+from fabric.utilities.rank_zero import rank_zero_only
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -84,14 +86,20 @@ class TensorBoardLogger(_VersionedLogger):
         return os.fspath(Path(os.path.expandvars(path)).expanduser())
 
     @property
+    @rank_zero_experiment
     def experiment(self) -> SummaryWriter:
-        """The ``SummaryWriter``, created (with its directory) on first use."""
+        """The ``SummaryWriter``, created (with its directory) on first use; on other ranks than 0 a dummy."""
+        return self._writer()
+
+    def _writer(self) -> SummaryWriter:
+        # The methods that write run on rank 0 only (@rank_zero_only) and reach the writer through here.
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
 
             self._experiment = SummaryWriter(log_dir=self._local_log_dir, **self._kwargs)
         return self._experiment
 
+    @rank_zero_only
     def log_metrics(
         self, metrics: Mapping[str, float | Tensor | Mapping[str, float | Tensor]], step: int | None = None
     ) -> None:
@@ -99,10 +107,11 @@ class TensorBoardLogger(_VersionedLogger):
         for key, value in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items():
             if isinstance(value, Mapping):
                 scalars = {name: _scalar(f"{key}/{name}", v, "TensorBoardLogger") for name, v in value.items()}
-                self.experiment.add_scalars(key, scalars, step)
+                self._writer().add_scalars(key, scalars, step)
             else:
-                self.experiment.add_scalar(key, _scalar(key, value, "TensorBoardLogger"), step)
+                self._writer().add_scalar(key, _scalar(key, value, "TensorBoardLogger"), step)
 
+    @rank_zero_only
     def log_hyperparams(
         self,
         params: dict[str, Any] | Namespace | Any,
@@ -124,10 +133,11 @@ class TensorBoardLogger(_VersionedLogger):
             self.log_metrics(metric_dict, 0)
         # The summaries go into this run's own event file. SummaryWriter.add_hparams would open a second
         # writer in a new timestamped directory, which splits one run in two in TensorBoard.
-        file_writer = self.experiment._get_file_writer()
+        file_writer = self._writer()._get_file_writer()
         for summary in hparams(flat, metric_dict):
             file_writer.add_summary(summary)
 
+    @rank_zero_only
     def log_graph(self, model: Module, input_array: Tensor | None = None) -> None:
         """Write the graph of ``model`` traced on ``input_array`` (or ``model.example_input_array``)."""
         example = getattr(model, "example_input_array", None) if input_array is None else input_array
@@ -139,14 +149,16 @@ class TensorBoardLogger(_VersionedLogger):
                 stacklevel=2,
             )
             return
-        self.experiment.add_graph(model, example)
+        self._writer().add_graph(model, example)
 
+    @rank_zero_only
     def save(self) -> None:
         """Flush pending events to disk (and upload them, for a URL ``root_dir``)."""
         if self._experiment is not None:
             self._experiment.flush()
             self._upload()
 
+    @rank_zero_only
     def finalize(self, status: str) -> None:
         """Flush and close the event file; a later call to a ``log_*`` method opens a new one."""
         if self._experiment is not None:

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 # The marker and version of a loader state saved by fabric; a checkpoint entry without it is not one.
 MARKER = "fabric_loader_state"
 VERSION = 1
-INSTALL = "pip install 'torchfabric[resume]' (or pip install torchdata)"
+# torchdata is a dependency of torchfabric; this is for an environment that lacks it anyway.
+INSTALL = "pip install torchdata (a dependency of torchfabric: pip install torchfabric installs it)"
 # Samplers that draw a new order from the global RNG (or their generator) when an epoch starts.
 _RANDOM_PER_ITER = (RandomSampler, WeightedRandomSampler, SubsetRandomSampler)
 
@@ -179,6 +180,8 @@ def collect(loader: _FabricDataLoader) -> dict[str, Any]:
     One rank writes a DDP checkpoint, and DCP keeps one copy of equal keys; gathering first gives each rank its
     own state back on load whatever the format.
     """
+    if not is_stateful(loader.dataloader):
+        return _without_position(loader)
     own = loader.state_dict()
     if loader.world_size <= 1:
         return own
@@ -190,6 +193,46 @@ def collect(loader: _FabricDataLoader) -> dict[str, Any]:
     for ranks in _all_gather_small(own["ranks"]):
         merged.update(ranks)
     return entry(merged, loader.world_size)
+
+
+def _without_position(loader: _FabricDataLoader) -> Any:
+    """What Lightning Fabric saves for a loader that cannot report its position: its own state, else the loader.
+
+    A loader with ``state_dict``/``load_state_dict`` of its own (litdata's StreamingDataLoader) saves that state. Any
+    other is pickled whole, as Lightning does; the user asked for an exact resume by saving a set-up loader, so a
+    warning (once per loader) says that the position is not in the checkpoint.
+    """
+    dataloader = loader.dataloader
+    if has_own_state(dataloader):
+        return dataloader.state_dict()  # type: ignore[attr-defined]
+    if not getattr(loader, "_warned_no_position", False):
+        loader._warned_no_position = True  # type: ignore[attr-defined]
+        warnings.warn(
+            f"save(state with a {type(dataloader).__name__} from setup_dataloaders): {_why_no_position(dataloader)}, "
+            "so the loader's position in its epoch is not saved and a resumed run starts that epoch from its first "
+            "batch. The DataLoader is saved whole, as Lightning Fabric saves it. For an exact mid-epoch resume, "
+            f"{_fix_no_position(dataloader)}.",
+            UserWarning,
+            stacklevel=5,
+        )
+    return dataloader
+
+
+def has_own_state(dataloader: DataLoader) -> bool:
+    """Whether the loader saves and restores a state of its own (Lightning's test for a stateful object)."""
+    return callable(getattr(dataloader, "state_dict", None)) and callable(getattr(dataloader, "load_state_dict", None))
+
+
+def _why_no_position(dataloader: DataLoader) -> str:
+    if stateful_loader_class() is None:
+        return "torchdata is not installed"
+    return f"this DataLoader subclass ({type(dataloader).__name__}) has no state_dict of its own"
+
+
+def _fix_no_position(dataloader: DataLoader) -> str:
+    if stateful_loader_class() is None:
+        return f"install torchdata: {INSTALL}"
+    return "derive it from torchdata's StatefulDataLoader instead of DataLoader, or set up a plain DataLoader"
 
 
 # Bytes each rank sends in the first round: a loader state pickles to 1-3 KB on several ranks (torchdata's worker
@@ -263,8 +306,8 @@ def rank_state(saved: Any, rank: int, world_size: int) -> dict[str, Any]:
 
 def refuse_plain_loader(op: str, key: str, value: Any) -> None:
     """A DataLoader fabric did not set up has no position to save or restore; say so instead of pickling it."""
-    if not isinstance(value, DataLoader) or is_stateful(value):
-        return
+    if not isinstance(value, DataLoader) or is_stateful(value) or has_own_state(value):
+        return  # a loader with a state of its own saves and loads it, as in Lightning Fabric
     if op == "save":
         raise FabricTypeError(
             f"save(state[{key!r}]={type(value).__name__}): this DataLoader was not set up by fabric, so it cannot "
@@ -277,15 +320,25 @@ def refuse_plain_loader(op: str, key: str, value: Any) -> None:
     )
 
 
-def unsupported(loader: DataLoader) -> FabricTypeError:
-    """The error for a set-up loader whose position cannot be saved."""
+def load_without_position(dataloader: DataLoader, saved: Any) -> None:
+    """Load into a set-up loader that cannot take a position (see _without_position for what was saved)."""
+    if has_own_state(dataloader):
+        dataloader.load_state_dict(saved)  # type: ignore[attr-defined]
+        return
+    if isinstance(saved, dict) and MARKER in saved:  # ignoring a saved position would resume at the wrong batch
+        raise unsupported(dataloader, "load")
+    # A loader saved whole (Lightning Fabric's way) holds no position; this loader starts its next epoch afresh.
+
+
+def unsupported(loader: DataLoader, op: str = "save") -> FabricTypeError:
+    """The error for a set-up loader whose position cannot be saved or restored."""
     if stateful_loader_class() is None:
         return FabricTypeError(
-            "save(state with a loader from setup_dataloaders): saving the loader's position needs torchdata's "
+            f"{op}(state with a loader from setup_dataloaders): the loader's position needs torchdata's "
             f"StatefulDataLoader, and torchdata is not installed. Install it: {INSTALL}."
         )
     return FabricTypeError(
-        f"save(state with a {type(loader).__name__} from setup_dataloaders): fabric keeps DataLoader subclasses as "
+        f"{op}(state with a {type(loader).__name__} from setup_dataloaders): fabric keeps DataLoader subclasses as "
         "they are, and this one cannot report its position. Derive it from torchdata's StatefulDataLoader "
         "instead of DataLoader, or set up a plain torch.utils.data.DataLoader."
     )

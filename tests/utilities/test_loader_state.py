@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -271,25 +272,60 @@ def test_mid_epoch_state_on_another_world_size_is_refused() -> None:
         _loader_state.rank_state(saved, rank=0, world_size=1)
 
 
+class _OwnStateLoader(DataLoader):
+    """A DataLoader subclass with a state of its own, as litdata's StreamingDataLoader has."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"own": 7}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded = state
+
+
 @needs_torchdata
-def test_dataloader_subclass_is_kept_and_cannot_save(tmp_path: Path) -> None:
+def test_dataloader_subclass_is_kept_and_saved_whole_with_a_warning(tmp_path: Path) -> None:
+    # Lightning Fabric pickles such a loader; fabric does the same and says that the position is not saved.
     fabric = _fabric()
     loader = fabric.setup_dataloaders(_MyLoader(_Counting(8), batch_size=2))
     assert type(loader.dataloader) is _MyLoader
-    with pytest.raises(TypeError, match=r"fabric keeps DataLoader subclasses as they are, and this one cannot report"):
+    with pytest.warns(UserWarning, match=r"this DataLoader subclass \(_MyLoader\) has no state_dict of its own, so"):
         fabric.save(tmp_path / "ckpt", {"loader": loader})
+    assert type(torch.load(tmp_path / "ckpt", weights_only=False)["loader"]) is _MyLoader
 
 
-def test_without_torchdata_saving_names_the_install_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@needs_torchdata
+def test_dataloader_subclass_with_its_own_state_saves_and_loads_it(tmp_path: Path) -> None:
+    fabric = _fabric()
+    loader = fabric.setup_dataloaders(_OwnStateLoader(_Counting(8), batch_size=2))
+    plain = _OwnStateLoader(_Counting(8), batch_size=2)  # not set up: Lightning saves its state all the same
+    fabric.save(tmp_path / "ckpt", {"loader": loader, "plain": plain})
+    assert torch.load(tmp_path / "ckpt") == {"loader": {"own": 7}, "plain": {"own": 7}}
+    fabric.load(tmp_path / "ckpt", {"loader": loader, "plain": plain})
+    assert loader.dataloader.loaded == plain.loaded == {"own": 7}
+
+
+def test_without_torchdata_a_loader_is_saved_as_lightning_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_loader_state, "stateful_loader_class", lambda: None)
     fabric = _fabric()
     loader = _setup(fabric)
     assert type(loader.dataloader) is DataLoader, "the loader works as before"
     assert len(list(loader)) == 6
-    with pytest.raises(TypeError, match=r"torchdata is not installed. Install it: pip install 'torchfabric\[resume\]'"):
-        fabric.save(tmp_path / "ckpt", {"loader": loader})
-    with pytest.raises(TypeError, match=r"torchdata is not installed"):
-        loader.load_state_dict({})
+    message = r"torchdata is not installed, so the loader's position in its epoch is not saved and a resumed run"
+    with pytest.warns(UserWarning, match=message):
+        fabric.save(tmp_path / "ckpt", {"loader": loader, "step": 3})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per loader
+        fabric.save(tmp_path / "ckpt", {"loader": loader, "step": 3})
+    assert type(torch.load(tmp_path / "ckpt", weights_only=False)["loader"]) is DataLoader
+    state = {"loader": loader, "step": 0}
+    fabric.load(tmp_path / "ckpt", state, weights_only=False)
+    assert state == {"loader": loader, "step": 3}, "the set-up loader stays; it starts its next epoch afresh"
+    assert len(list(loader)) == 6
+    # A saved position cannot be ignored: the resumed run would read the wrong batches.
+    with pytest.raises(TypeError, match=r"load\(state with a loader from setup_dataloaders\): the loader's position "):
+        loader.load_state_dict(_loader_state.entry({"0": {}}, world_size=1))
+    with pytest.raises(TypeError, match=r"torchdata is not installed. Install it: pip install torchdata"):
+        loader.state_dict()
 
 
 @needs_torchdata
@@ -344,3 +380,11 @@ def test_gathering_rank_states_takes_a_second_round_only_for_large_states(tmp_pa
         assert result["small"] == [{"rank": 0}, {"rank": 1}]
         assert [item["rank"] for item in result["big"]] == [0, 1]
         assert [item["blob"] for item in result["big"]] == [b"\x00" * 20000, b"\x01" * 25000]
+
+
+def test_torchdata_comes_with_the_default_install() -> None:
+    # Exact mid-epoch resume after `pip install torchfabric` alone; the former extra still installs.
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    assert "torchdata>=0.11" in project["dependencies"]
+    assert project["optional-dependencies"]["resume"] == ["torchdata>=0.11"]
