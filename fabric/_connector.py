@@ -182,6 +182,10 @@ def _resolve_devices(
     accel: Accelerator, devices: Any, num_nodes: int, env: ClusterEnvironment, strategy: Any
 ) -> list[int]:
     """Device indices for this machine; under an external launcher they must match what it started."""
+    if _names_single_device(strategy):
+        # One device, whatever the environment: a single-device strategy runs alone in this process (rank 0 of 1),
+        # beside any process group, as in Lightning Fabric. An explicit devices=2 is refused by connect().
+        return accel.parse_devices(1 if devices == "auto" else devices)
     if not env.creates_processes_externally:
         return accel.parse_devices(devices)
     if devices != "auto" and num_nodes == 1 and _standalone_in_group(env, strategy):
@@ -216,12 +220,16 @@ def _warn_if_oversubscribed(accel: Accelerator, indices: list[int], devices: Any
     )
 
 
+def _names_single_device(strategy: Any) -> bool:
+    """strategy='single_device' or a SingleDeviceStrategy: the user asked for one process on one device."""
+    return strategy == "single_device" or isinstance(strategy, SingleDeviceStrategy)
+
+
 def _standalone_in_group(env: ClusterEnvironment, strategy: Any) -> bool:
     """Whether one device asked for explicitly inside a process group that is already running (libraries do this to
     merge weights after a distributed run) gives, as in Lightning Fabric, a single-device Fabric that neither joins
-    nor touches the group. devices='auto' still joins it."""
-    single = strategy in ("auto", "single_device") or isinstance(strategy, SingleDeviceStrategy)
-    return single and isinstance(env, ProcessGroupEnvironment)
+    nor touches the group. strategy='auto' with devices='auto' still joins it."""
+    return strategy == "auto" and isinstance(env, ProcessGroupEnvironment)
 
 
 def _build_strategy(
@@ -238,6 +246,8 @@ def _build_strategy(
             name = "xla" if many else "single_xla"
         else:
             name = "ddp" if many else "single_device"
+    if name == "dp" and len(indices) * num_nodes > 1 and accel.get_parallel_devices([0])[0].type == "cpu":
+        name = _dp_on_cpus(devices, num_nodes)
     if name not in STRATEGY_REGISTRY:
         raise FabricValueError(
             f"Fabric(strategy={flag!r}): unknown strategy {flag!r}. Choose one of: auto, "
@@ -246,6 +256,18 @@ def _build_strategy(
         )
     factory, kwargs = STRATEGY_REGISTRY.get(name)
     return factory(**kwargs)
+
+
+def _dp_on_cpus(devices: Any, num_nodes: int) -> str:
+    """DataParallel replicates over GPUs only; Lightning Fabric runs 'dp' on several CPU devices as 'ddp' (one
+    process per device, the same training), and so does fabric, saying so."""
+    warnings.warn(
+        f"Fabric(strategy='dp', accelerator='cpu', devices={devices!r}, num_nodes={num_nodes}): DataParallel "
+        "replicates the model over GPUs only, so fabric uses strategy='ddp' instead (one process per CPU device, "
+        "as Lightning Fabric does); call fabric.launch() to start them. Pass strategy='ddp' to silence this warning.",
+        stacklevel=5,
+    )
+    return "ddp"
 
 
 def _check_xla_pairing(accel: Accelerator, strategy: Strategy, accelerator_flag: Any, strategy_flag: Any) -> None:

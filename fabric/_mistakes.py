@@ -2,7 +2,7 @@
 
 Each check here guards a case that trains wrongly rather than failing: an optimizer that never changes the model
 it was set up with, objects set up twice, forward calls that go around the strategy's wrapper, and backward under
-several processes with no set-up model. All records are per Fabric object (no process-wide state).
+several processes with no set-up model (a warning). All records are per Fabric object (no process-wide state).
 """
 
 from __future__ import annotations
@@ -59,17 +59,36 @@ class SetupRecord:
         for optimizer in optimizers:
             _remember(self._optimizers, optimizer)
 
-    def check_new_module(self, method: str, module: Any) -> None:
-        """A module, not a wrapper fabric returned, and not the module inside one this Fabric returned."""
+    def check_new_module(
+        self, method: str, module: Any, strategy: Any = None, warn_once: WarnOnce | None = None
+    ) -> None:
+        """A module, not a wrapper fabric returned; the module inside one this Fabric returned only where `strategy`
+        can set it up again correctly (then with a warning, as Lightning Fabric allows it)."""
         check_module(module, method)
         check_not_wrapped(module, method)
-        if _known(self._modules, _uncompiled(module)):
-            raise FabricValueError(
-                f"fabric.{method}({type(module).__name__}): this module was already set up by this Fabric, which "
-                "returned a wrapper for it. Setting it up again would wrap the same weights twice (under DDP: two "
-                "gradient synchronisations that do not know of each other). Keep using the model that the first "
-                "setup returned; to set up an optimizer created later, call fabric.setup_optimizers(optimizer)."
+        if not _known(self._modules, _uncompiled(module)):
+            return
+        name = type(module).__name__
+        if strategy is not None and strategy.repeatable_module_setup and warn_once is not None:
+            warn_once(
+                "module-set-up-again",
+                f"fabric.{method}({name}): this module was already set up by this Fabric, and is now wrapped a "
+                f"second time, as Lightning Fabric does. Both wrappers share the weights and {type(strategy).__name__} "
+                "keeps training correct (under DDP each wrapper synchronises the gradients of its own forward "
+                "calls), but two wrappers are easy to mix up. Keep using one model; to set up an optimizer created "
+                "later, call fabric.setup_optimizers(optimizer) instead.",
+                PossibleUserWarning,
+                stacklevel=4,
             )
+            return
+        strategy_name = type(strategy).__name__ if strategy is not None else "the strategy"
+        raise FabricValueError(
+            f"fabric.{method}({name}): this module was already set up by this Fabric, which returned a wrapper for "
+            f"it. {strategy_name} changes the module itself when it sets it up (it shards it, or hands it to its "
+            "engine), so setting it up again would prepare it twice and train wrongly without an error. Keep using "
+            "the model that the first setup returned; to set up an optimizer created later, call "
+            "fabric.setup_optimizers(optimizer)."
+        )
 
     def check_new_optimizers(self, method: str, optimizers: Sequence[Any]) -> None:
         """Optimizers, none a wrapper fabric returned, none passed twice or set up before by this Fabric."""
@@ -253,13 +272,20 @@ class _UnwrappedForwardHook:
 
 
 def check_backward_has_model(has_modules: bool, world_size: int, strategy: str) -> None:
-    """With several processes, a loss from a model that was never set up gets gradients nobody synchronises."""
+    """With several processes, a loss from a model this Fabric never set up gets gradients it does not synchronise.
+
+    A warning, not an error, as in Lightning Fabric (which says nothing): the model may be set up by another Fabric,
+    or its gradients averaged by hand (sheeprl does both). Fabric.backward asks once per Fabric object.
+    """
     if world_size > 1 and not has_modules:
-        raise RuntimeError(
+        warnings.warn(
             f"fabric.backward(): no model was set up with this Fabric, but {strategy} runs {world_size} processes. "
-            "A model that was not set up has its gradients computed on each process alone, never averaged, so the "
+            "This Fabric does not average the gradients of a model it did not set up: unless another Fabric set "
+            "the model up or you average its gradients yourself (fabric.all_reduce before optimizer.step()), the "
             "processes' weights drift apart. Set the model up first: model, optimizer = fabric.setup(model, "
-            "optimizer), and compute the loss with the returned model."
+            "optimizer), and compute the loss with the returned model.",
+            PossibleUserWarning,
+            stacklevel=3,
         )
 
 

@@ -241,7 +241,7 @@ class Fabric:
     ) -> Any:
         """Set up a model and its optimizers; returns the model, or (model, *optimizers[, scheduler])."""
         self._validate_launched("setup")
-        self._setup_record.check_new_module("setup", module)
+        self._setup_record.check_new_module("setup", module, self._strategy, self._warn_once)
         self._setup_record.check_new_optimizers("setup", optimizers)
         if scheduler is not None:
             _setup.check_scheduler(scheduler, optimizers, self._strategy)
@@ -267,7 +267,7 @@ class Fabric:
     def setup_module(self, module: Module, move_to_device: bool = True, _reapply_compile: bool = True) -> _FabricModule:
         """Set up a model alone (call before creating optimizers for sharded strategies)."""
         self._validate_launched("setup_module")
-        self._setup_record.check_new_module("setup_module", module)
+        self._setup_record.check_new_module("setup_module", module, self._strategy, self._warn_once)
         user_module = module
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
@@ -363,7 +363,7 @@ class Fabric:
         """Use instead of `loss.backward()`: goes through the strategy and precision (loss scaling, ...)."""
         if not isinstance(tensor, Tensor):  # checked here, not in a call: this runs every step
             _mistakes.check_loss(tensor)
-        if not self._backward_checked:  # checked until it passes once: a set-up model stays set up
+        if not self._backward_checked:  # once per Fabric: a set-up model stays set up, and it warns at most once
             name = type(self._strategy).__name__
             _mistakes.check_backward_has_model(self._setup_record.has_modules, self.world_size, name)
             self._backward_checked = True

@@ -389,6 +389,19 @@ def test_single_device_strategy_error_names_the_strategy_class() -> None:
         Fabric(accelerator="cpu", strategy=SingleDeviceStrategy(), devices=2)
 
 
+@pytest.mark.parametrize("strategy", ["single_device", "object"])
+def test_single_device_strategy_runs_alone_under_torchrun(monkeypatch: pytest.MonkeyPatch, strategy: str) -> None:
+    # As in Lightning Fabric (sheeprl builds its player Fabric so): one process on one device, rank 0 of 1, whatever
+    # the launcher started; devices='auto' means that one device, not the launcher's processes.
+    _torchrun_env(monkeypatch)
+    chosen = SingleDeviceStrategy(device="cpu") if strategy == "object" else strategy
+    fabric = Fabric(accelerator="cpu", strategy=chosen)
+    assert type(fabric.strategy) is SingleDeviceStrategy
+    assert (fabric.world_size, fabric.global_rank, fabric.local_rank, fabric.node_rank) == (1, 0, 0, 0)
+    assert fabric.strategy.launcher is None and fabric.device == torch.device("cpu")
+    assert fabric.all_reduce(torch.tensor(2.0), reduce_op="sum").item() == 2.0
+
+
 # -- processes started by torchrun ---------------------------------------------------------------------
 def test_torchrun_env_is_detected_and_used(monkeypatch: pytest.MonkeyPatch) -> None:
     _torchrun_env(monkeypatch)

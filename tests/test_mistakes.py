@@ -16,6 +16,7 @@ from torch import nn
 
 from fabric import Fabric, Precision, _mistakes
 from fabric.loggers import CSVLogger
+from fabric.strategies import SingleDeviceStrategy
 from fabric.utilities.warnings import PossibleUserWarning
 from fabric.wrappers import _FabricModule
 
@@ -85,14 +86,45 @@ def test_partly_outside_optimizer_warns_once_per_fabric_with_several_processes()
 # -- objects set up twice -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("first", ["setup", "setup_module"])
 @pytest.mark.parametrize("second", ["setup", "setup_module"])
-def test_original_module_of_a_set_up_model_is_refused(first: str, second: str) -> None:
+def test_original_module_set_up_again_warns_and_trains(first: str, second: str) -> None:
+    # Lightning Fabric wraps the raw module again; where the strategy leaves the module as it is, so does fabric.
     fabric = _fabric()
     module = nn.Linear(2, 2)
     getattr(fabric, first)(module)
+    message = (
+        f"fabric.{second}(Linear): this module was already set up by this Fabric, and is now wrapped a second time, "
+        "as Lightning Fabric does. Both wrappers share the weights and SingleDeviceStrategy keeps training correct"
+    )
+    with pytest.warns(PossibleUserWarning, match=re.escape(message)):
+        again = getattr(fabric, second)(module)
+    optimizer = fabric.setup_optimizers(torch.optim.SGD(module.parameters(), lr=0.1))
+    before = module.weight.detach().clone()
+    fabric.backward(again(torch.ones(1, 2)).sum())
+    optimizer.step()
+    assert not torch.equal(module.weight, before), "the second wrapper trains the same weights"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        getattr(fabric, second)(nn.Linear(2, 2))  # a new module: no warning
+        fabric.setup(module)  # the same module a third time: warned once per Fabric
+
+
+class _ShardingStrategy(SingleDeviceStrategy):
+    """Stands in for a strategy that changes the module when it sets it up (FSDP, DeepSpeed)."""
+
+    repeatable_module_setup = False
+
+
+@pytest.mark.parametrize("second", ["setup", "setup_module"])
+def test_original_module_set_up_again_is_refused_where_the_strategy_changed_it(second: str) -> None:
+    fabric = Fabric(accelerator="cpu", strategy=_ShardingStrategy())
+    module = nn.Linear(2, 2)
+    fabric.setup(module)
     with pytest.raises(
         ValueError,
         match=re.escape(
-            f"fabric.{second}(Linear): this module was already set up by this Fabric, which returned a wrapper for it."
+            f"fabric.{second}(Linear): this module was already set up by this Fabric, which returned a wrapper for "
+            "it. _ShardingStrategy changes the module itself when it sets it up (it shards it, or hands it to its "
+            "engine), so setting it up again would prepare it twice and train wrongly without an error."
         ),
     ):
         getattr(fabric, second)(module)
@@ -381,5 +413,5 @@ def test_the_module_inside_a_compiled_model_counts_as_set_up() -> None:
     fabric = _fabric()
     module = nn.Linear(2, 2)
     fabric.setup(torch.compile(module))
-    with pytest.raises(ValueError, match=re.escape("fabric.setup(Linear): this module was already set up")):
+    with pytest.warns(PossibleUserWarning, match=re.escape("fabric.setup(Linear): this module was already set up")):
         fabric.setup(module)

@@ -30,6 +30,10 @@ class _StrategyComponents:
     requires_launch: bool = False
     # Set True by strategies that must see model and optimizers together (DeepSpeed).
     requires_joint_setup: bool = False
+    # Set True by strategies whose setup_module leaves the user's module as it is (it returns it, or a wrapper such as
+    # DDP's): setting the same module up again then gives a second correct wrapper (Fabric warns). Sharding and
+    # engine strategies change the module itself, so a second setup is refused.
+    repeatable_module_setup: bool = False
     # Set True by strategies that drive XLA devices (torch_xla's step, loader and collectives): the only ones
     # accelerator='xla' accepts, since a strategy made for CUDA or the CPU would silently skip torch_xla's steps.
     drives_xla: bool = False

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 class DDPStrategy(ParallelStrategy):
     """Replicates the model in every process and averages gradients during backward."""
 
+    repeatable_module_setup = True  # DDP wraps the module without changing it; each wrapper syncs its own calls
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

@@ -22,6 +22,8 @@ class DataParallelStrategy(OneProcessStrategy):
     of the tensor: values computed per replica come back from DataParallel stacked along dimension 0.
     """
 
+    repeatable_module_setup = True  # DataParallel wraps the module without changing it
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

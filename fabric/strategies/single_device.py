@@ -17,6 +17,8 @@ from fabric.strategies._one_process import OneProcessStrategy
 class SingleDeviceStrategy(OneProcessStrategy):
     """Runs everything in this process on `device`."""
 
+    repeatable_module_setup = True  # nothing wraps the module
+
     def __init__(
         self,
         device: str | torch.device | None = None,

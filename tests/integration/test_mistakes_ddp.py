@@ -17,10 +17,13 @@ def test_ddp_mistakes_are_named_and_a_correct_loop_stays_silent(tmp_path: Path) 
     assert run.returncode == 0, run.output
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert seen["backward_error"].startswith(
+        # Lightning allows it (the gradients may be averaged by hand): a warning naming the drift, which happens.
+        assert len(seen["backward_warnings"]) == 1
+        assert seen["backward_warnings"][0].startswith(
             "fabric.backward(): no model was set up with this Fabric, but DDPStrategy runs 2 processes."
         )
-        assert "Set the model up first" in seen["backward_error"]
+        assert "Set the model up first" in seen["backward_warnings"][0]
+        assert not seen["backward_grads_equal"], "this Fabric averaged gradients of a model it did not set up"
         assert len(seen["setup_warnings"]) == 1
         assert seen["setup_warnings"][0].startswith(
             "fabric.setup(Sequential, ..., SGD): 1 of the optimizer's parameters (shapes [1]) are not in the model. "

@@ -1,6 +1,8 @@
-"""DataParallelStrategy ('dp'): one process; trains on one CPU device, refuses what DataParallel cannot do."""
+"""DataParallelStrategy ('dp'): one process; trains on one CPU device, becomes 'ddp' on several (as in Lightning)."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -8,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fabric import Fabric
-from fabric.strategies import STRATEGY_REGISTRY, DataParallelStrategy
+from fabric.strategies import STRATEGY_REGISTRY, DataParallelStrategy, DDPStrategy
 
 pytestmark = pytest.mark.usefixtures("no_cluster_env")
 
@@ -67,14 +69,28 @@ def test_collectives_follow_lightnings_single_process_semantics() -> None:
         fabric.all_reduce(per_replica, reduce_op="prod")
 
 
-def test_several_cpu_devices_are_refused() -> None:
+def test_several_cpu_devices_warn_and_use_ddp() -> None:
+    # Lightning Fabric's fallback: DataParallel replicates over GPUs only, DDP runs one process per CPU device.
+    message = (
+        "Fabric(strategy='dp', accelerator='cpu', devices=2, num_nodes=1): DataParallel replicates the model over "
+        "GPUs only, so fabric uses strategy='ddp' instead"
+    )
+    with pytest.warns(UserWarning, match=re.escape(message)):
+        fabric = Fabric(accelerator="cpu", devices=2, strategy="dp")
+    assert type(fabric.strategy) is DDPStrategy
+    assert fabric.world_size == 2 and fabric.strategy.launcher is not None
+
+
+def test_a_data_parallel_strategy_object_on_several_cpu_devices_is_refused() -> None:
+    # Only the name falls back (as in Lightning); an object the user built is not replaced behind their back.
     with pytest.raises(ValueError, match=r"Fabric\(strategy='dp', accelerator='cpu', devices=2\): DataParallel "):
-        Fabric(accelerator="cpu", devices=2, strategy="dp")
+        Fabric(accelerator="cpu", devices=2, strategy=DataParallelStrategy())
 
 
 def test_several_machines_are_refused() -> None:
     with pytest.raises(ValueError, match=r"Fabric\(strategy='dp', num_nodes=2\): DataParallel runs in one process"):
-        Fabric(accelerator="cpu", devices=1, num_nodes=2, strategy="dp")
+        # The object: the name 'dp' on the CPU becomes 'ddp', as above (with num_nodes=2 too, as in Lightning).
+        Fabric(accelerator="cpu", devices=1, num_nodes=2, strategy=DataParallelStrategy())
 
 
 def test_gpus_wrap_the_model_in_data_parallel(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,6 +48,8 @@ class DDPShardedStrategy(DDPStrategy):
     `reduce_buffer_size`, `broadcast_buffers`); `start_method` picks the launcher as for DDP.
     """
 
+    repeatable_module_setup = False  # ShardedDataParallel and OSS are built around one model and its optimizers
+
     requires_joint_setup = True
 
     def __init__(
