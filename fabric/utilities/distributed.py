@@ -255,3 +255,12 @@ def add_note(err: BaseException, text: str) -> None:
     notes.append(text)
     if err.args and isinstance(err.args[0], str):
         err.args = (f"{err.args[0]}\n{text}", *err.args[1:])
+
+
+def __getattr__(name: str) -> Any:
+    # Lightning's path for the sampler wrapper; loaded on use, as torch.utils.data costs ~70 ms to import.
+    if name == "DistributedSamplerWrapper":
+        from fabric.utilities.data import DistributedSamplerWrapper
+
+        return DistributedSamplerWrapper
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
