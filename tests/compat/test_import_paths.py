@@ -228,13 +228,34 @@ SUPPORTED += [
     ("fabric.strategies.registry", "STRATEGY_REGISTRY"),
     ("fabric.utilities.spike", "SpikeDetection"),
     ("fabric.utilities.spike", "TrainingSpikeException"),
+    ("fabric.utilities.logger", "_convert_params"),
+    ("fabric.utilities.logger", "_flatten_dict"),
+    ("fabric.utilities.rank_zero", "_get_rank"),
+    ("fabric.utilities.types", "_TORCH_LRSCHEDULER"),
+    ("fabric.utilities.imports", "_TORCH_GREATER_EQUAL_2_0"),
+    ("fabric.utilities.imports", "_TORCH_GREATER_EQUAL_2_1"),
+    *(
+        ("fabric.utilities.distributed", n)
+        for n in (
+            "_distributed_is_initialized",
+            "_sync_ddp_if_available",
+            "_all_gather_ddp_if_available",
+            "_get_default_process_group_backend_for_device",
+        )
+    ),
     *(
         ("fabric.accelerators.cuda", n)
         for n in ("CUDAAccelerator", "find_usable_cuda_devices", "is_cuda_available", "num_cuda_devices")
     ),
 ]
-# Functions under fabric.plugins that are not plugin classes (so not in the plugin-identity check below).
-FUNCTION_PATHS: list[tuple[str, str]] = [("fabric.plugins.environments.lightning", "find_free_network_port")]
+# Names under fabric.plugins that are not plugin classes (so not in the plugin-identity check below).
+FUNCTION_PATHS: list[tuple[str, str]] = [
+    ("fabric.plugins.environments.lightning", "find_free_network_port"),
+    ("fabric.plugins.collectives.collective", "CollectibleGroup"),
+    ("fabric.plugins.collectives.torch_collective", "default_pg_timeout"),
+    ("fabric.plugins.precision.utils", "_convert_fp_tensor"),
+    ("fabric.plugins.precision.utils", "_DtypeContextManager"),
+]
 
 # TPUs through XLA (the classes import without torch_xla; using them needs it).
 XLA_PATHS: list[tuple[str, str]] = [

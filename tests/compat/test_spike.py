@@ -111,7 +111,7 @@ def test_an_unknown_mode_is_refused() -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.usefixtures("no_cluster_env")
-def test_a_spike_on_one_rank_stops_both_ranks(tmp_path: Path) -> None:
+def test_a_spike_on_one_rank_stops_both_ranks_and_the_private_collective_helpers_reduce(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=180, env=env
@@ -119,5 +119,8 @@ def test_a_spike_on_one_rank_stops_both_ranks(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert report == {"stopped_at": [5, "Training spike detected in batch 5"], "bad_batches": [4, 5]}
+        assert report == {
+            "stopped_at": [5, "Training spike detected in batch 5"], "bad_batches": [4, 5],
+            "sum": 3.0, "mean": 1.5, "gathered": [1.0, 2.0],
+        }  # fmt: skip
     assert json.loads((tmp_path / "skip" / "skip_batches.json").read_text()) == [4, 5]  # written by rank 0

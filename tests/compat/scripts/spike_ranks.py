@@ -1,5 +1,7 @@
 """Two CPU ranks run SpikeDetection; only rank 1's loss spikes (at batch 5), yet both ranks stop there.
 
+Then both call Lightning's private reduce/gather helpers.
+
 Usage: python spike_ranks.py OUTDIR   (starts the second rank itself through fabric's ddp launcher)
 """
 
@@ -10,6 +12,7 @@ from pathlib import Path
 import torch
 
 from fabric import Fabric
+from fabric.utilities.distributed import _all_gather_ddp_if_available, _sync_ddp_if_available
 from fabric.utilities.spike import SpikeDetection, TrainingSpikeException
 
 
@@ -26,7 +29,15 @@ def main(out: Path) -> None:
         except TrainingSpikeException as err:
             stopped_at = (batch_idx, str(err))
             break
-    report = {"stopped_at": stopped_at, "bad_batches": detector.bad_batches}
+    mine = torch.tensor([fabric.global_rank + 1.0])
+    report = {
+        "stopped_at": stopped_at,
+        "bad_batches": detector.bad_batches,
+        # Lightning's private helpers, which client code calls directly
+        "sum": _sync_ddp_if_available(mine).item(),
+        "mean": _sync_ddp_if_available(mine, reduce_op="mean").item(),
+        "gathered": _all_gather_ddp_if_available(mine).flatten().tolist(),
+    }
     (out / f"rank{fabric.global_rank}.json").write_text(json.dumps(report))
     fabric.barrier()
 

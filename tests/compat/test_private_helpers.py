@@ -1,0 +1,69 @@
+"""Lightning Fabric's private helpers that published projects import (litgpt, sheeprl, ...), at the same paths."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+import torch
+
+
+@dataclass
+class _Config:
+    lr: float = 0.1
+
+
+def test_logger_helpers_flatten_and_convert_hyperparameters() -> None:
+    from fabric.utilities.logger import _convert_params, _flatten_dict
+
+    assert _convert_params(None) == {} and _convert_params(Namespace(a=1)) == {"a": 1}
+    assert _convert_params({"a": 1}) == {"a": 1}
+    assert _flatten_dict({"a": {"b": "c"}, 5: {"x": 1}}) == {"a/b": "c", "5/x": 1}
+    nested = {"dl": [{"a": 1}, {"b": 2}], "l": [1, 2], "n": Namespace(c=_Config()), "empty": []}
+    # a list of dicts is indexed with "/" whatever the delimiter; an empty list vanishes (both as in Lightning)
+    assert _flatten_dict(nested, delimiter=".") == {"dl/0.a": 1, "dl/1.b": 2, "l": [1, 2], "n.c.lr": 0.1}
+
+
+def test_precision_utils_cast_only_floats_and_set_the_default_dtype() -> None:
+    from fabric.plugins.precision.utils import _convert_fp_tensor, _DtypeContextManager
+
+    assert _convert_fp_tensor(torch.ones(2), torch.float16).dtype == torch.float16
+    assert _convert_fp_tensor(torch.ones(2, dtype=torch.int64), torch.float16).dtype == torch.int64
+    with _DtypeContextManager(torch.float64):
+        assert torch.get_default_dtype() == torch.float64
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_distributed_helpers_without_a_process_group() -> None:
+    from fabric.utilities.distributed import (
+        _all_gather_ddp_if_available,
+        _distributed_is_initialized,
+        _get_default_process_group_backend_for_device,
+        _sync_ddp_if_available,
+    )
+
+    tensor = torch.ones(2)
+    assert not _distributed_is_initialized()
+    assert _sync_ddp_if_available(tensor) is tensor and _all_gather_ddp_if_available(tensor) is tensor
+    assert _get_default_process_group_backend_for_device(torch.device("cuda", 0)) == "nccl"
+    assert _get_default_process_group_backend_for_device(torch.device("cpu")) == "gloo"
+
+
+def test_small_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.optim.lr_scheduler import LRScheduler
+
+    from fabric.plugins.collectives.collective import CollectibleGroup
+    from fabric.plugins.collectives.torch_collective import default_pg_timeout
+    from fabric.utilities.imports import _TORCH_GREATER_EQUAL_2_0, _TORCH_GREATER_EQUAL_2_1
+    from fabric.utilities.rank_zero import _get_rank
+    from fabric.utilities.types import _TORCH_LRSCHEDULER
+
+    assert default_pg_timeout == timedelta(minutes=30)
+    assert _TORCH_GREATER_EQUAL_2_0 and _TORCH_GREATER_EQUAL_2_1 and _TORCH_LRSCHEDULER is LRScheduler
+    assert CollectibleGroup is not None
+    torchrun = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    assert _get_rank() == 3
