@@ -67,3 +67,20 @@ def test_small_names(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in torchrun.items():
         monkeypatch.setenv(name, value)
     assert _get_rank() == 3
+
+
+def test_connector_types_and_precision_names() -> None:
+    from typing import get_args
+
+    from fabric.connector import _PLUGIN_INPUT, _PRECISION_INPUT, _convert_precision_to_unified_args
+
+    assert 16 in get_args(get_args(_PRECISION_INPUT)[0]) and len(get_args(_PLUGIN_INPUT)) == 3
+    assert _convert_precision_to_unified_args(None) is None
+    assert _convert_precision_to_unified_args("bf16-true") == "bf16-true"
+    assert _convert_precision_to_unified_args(32) == "32-true" and _convert_precision_to_unified_args("64") == "64-true"
+    with pytest.warns(UserWarning, match=r"precision=16 is a shorthand.*means '16-mixed'"):
+        assert _convert_precision_to_unified_args(16) == "16-mixed"
+    with pytest.warns(UserWarning, match="means 'bf16-mixed'"):
+        assert _convert_precision_to_unified_args("bf16") == "bf16-mixed"
+    with pytest.raises(ValueError, match=r"precision='fp8': this is no precision name. Use one of"):
+        _convert_precision_to_unified_args("fp8")  # type: ignore[arg-type]
