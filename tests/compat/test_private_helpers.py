@@ -84,3 +84,19 @@ def test_connector_types_and_precision_names() -> None:
         assert _convert_precision_to_unified_args("bf16") == "bf16-mixed"
     with pytest.raises(ValueError, match=r"precision='fp8': this is no precision name. Use one of"):
         _convert_precision_to_unified_args("fp8")  # type: ignore[arg-type]
+
+
+def test_external_callbacks_come_from_entry_point_factories(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fabric.utilities import registry
+
+    class _EntryPoint:
+        def __init__(self, name: str, made: object) -> None:
+            self.name, self._made = name, made
+
+        def load(self) -> object:
+            return lambda: self._made
+
+    groups = {"my.group": [_EntryPoint("one", "a"), _EntryPoint("many", ["b", "c"]), _EntryPoint("none", [])]}
+    monkeypatch.setattr(registry, "entry_points", lambda group: groups.get(group, []))
+    assert registry._load_external_callbacks("my.group") == ["a", "b", "c"]
+    assert registry._load_external_callbacks("other.group") == []
