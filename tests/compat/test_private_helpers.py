@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from argparse import Namespace
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,3 +104,26 @@ def test_external_callbacks_come_from_entry_point_factories(monkeypatch: pytest.
     monkeypatch.setattr(registry, "entry_points", lambda group: groups.get(group, []))
     assert registry._load_external_callbacks("my.group") == ["a", "b", "c"]
     assert registry._load_external_callbacks("other.group") == []
+
+
+def test_consolidate_checkpoint_module_writes_the_folder_as_one_file(tmp_path: Path) -> None:
+    import warnings
+
+    from fabric.checkpoint import sharded
+
+    model = torch.nn.Linear(3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's note that it runs without a process group
+        sharded.save_sharded(tmp_path / "ckpt", {"model": model, "step": 4}, None, 1, 0, lambda: None)
+    command = [sys.executable, "-m", "fabric.utilities.consolidate_checkpoint", str(tmp_path / "ckpt")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    whole = torch.load(tmp_path / "ckpt.consolidated")
+    assert whole["step"] == 4 and torch.equal(whole["model"]["weight"], model.weight)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert again.returncode == 1 and "already exists, and consolidating would replace it" in again.stderr
+    missing = subprocess.run(
+        [*command[:-1], str(tmp_path / "nope")], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert missing.returncode == 1 and "does not exist. Pass the folder a sharded save wrote" in missing.stderr
