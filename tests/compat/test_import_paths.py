@@ -233,6 +233,7 @@ SUPPORTED += [
         for n in ("_PRECISION_INPUT", "_PRECISION_INPUT_STR", "_PLUGIN_INPUT", "_convert_precision_to_unified_args")
     ),
     ("fabric.utilities.registry", "_load_external_callbacks"),
+    ("fabric.utilities.testing", "_runif_reasons"),
     ("fabric.utilities.consolidate_checkpoint", "_process_cli_args"),
     ("fabric.utilities.logger", "_convert_params"),
     ("fabric.utilities.logger", "_flatten_dict"),

@@ -127,3 +127,21 @@ def test_consolidate_checkpoint_module_writes_the_folder_as_one_file(tmp_path: P
         [*command[:-1], str(tmp_path / "nope")], capture_output=True, text=True, timeout=120, env=env
     )
     assert missing.returncode == 1 and "does not exist. Pass the folder a sharded save wrote" in missing.stderr
+
+
+def test_runif_reasons_name_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fabric.utilities.testing import _runif_reasons
+
+    assert _runif_reasons() == ([], {})
+    assert (
+        _runif_reasons(min_torch="2.0", max_torch="99.0", min_python="3.8", linux_only=sys.platform == "linux")[0] == []
+    )
+    reasons, markers = _runif_reasons(min_cuda_gpus=99, min_torch="99.1", min_python="9.0")
+    assert reasons[0] == "GPUs>=99" and reasons[1].startswith("torch>=99.1, ") and reasons[2] == "python>=9.0"
+    assert markers == {"min_cuda_gpus": True}
+    monkeypatch.delenv("PL_RUN_STANDALONE_TESTS", raising=False)
+    assert _runif_reasons(standalone=True) == (["Standalone execution"], {"standalone": True})
+    monkeypatch.setenv("PL_RUN_STANDALONE_TESTS", "1")
+    assert _runif_reasons(standalone=True) == ([], {"standalone": True})
+    with pytest.raises(ValueError, match=r"version 'latest' is not of the form MAJOR.MINOR"):
+        _runif_reasons(min_torch="latest")
