@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     # torch.utils.data is only needed once loaders are set up; importing it eagerly costs ~70 ms.
     from torch.utils.data import DataLoader
 
+    from fabric.precision.precision import Precision
+
 
 class Fabric:
     """Adds multi-process, multi-device and mixed-precision training to a raw PyTorch loop."""
@@ -93,6 +95,11 @@ class Fabric:
     def strategy(self) -> Strategy:
         """The strategy in use."""
         return self._strategy
+
+    @property
+    def _precision(self) -> Precision:
+        """The strategy's precision plugin (Lightning's private name, which client code reads)."""
+        return self._strategy.precision
 
     @property
     def device(self) -> torch.device:

@@ -57,6 +57,15 @@ class Registry(Generic[T]):
         """All registered names (lower case), in registration order."""
         return list(self._entries)
 
+    # Lightning's names for `names()` on its strategy and accelerator registries.
+    def available_strategies(self) -> list[str]:
+        """All registered names (Lightning's name on the strategy registry)."""
+        return self.names()
+
+    def available_accelerators(self) -> list[str]:
+        """All registered names (Lightning's name on the accelerator registry)."""
+        return self.names()
+
     def factory_of(self, name: str) -> Callable[..., T]:
         """The class or callable registered under `name`."""
         return self._entries[_key(name)][0]

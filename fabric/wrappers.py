@@ -263,4 +263,14 @@ def unwrap_objects(obj: Any) -> Any:
     return compiled if isinstance(compiled, Module) else obj
 
 
-__all__ = ["_FabricDataLoader", "_FabricModule", "_FabricOptimizer", "is_wrapped", "unwrap_objects"]
+def _unwrap_objects(collection: Any) -> Any:
+    """Lightning's form: every wrapper anywhere in a (nested) collection replaced by the object it wraps."""
+    from fabric.utilities.apply_func import apply_to_collection
+
+    def unwrap(obj: Any) -> Any:
+        return obj._dataloader if isinstance(obj, _FabricDataLoader) else unwrap_objects(obj)
+
+    return apply_to_collection(collection, (_FabricModule, _FabricOptimizer, _FabricDataLoader, Module), unwrap)
+
+
+__all__ = ["_FabricDataLoader", "_FabricModule", "_FabricOptimizer", "_unwrap_objects", "is_wrapped", "unwrap_objects"]

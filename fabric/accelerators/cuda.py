@@ -8,6 +8,7 @@ import torch
 
 from fabric.accelerators._devices import parse_device_indices
 from fabric.accelerators.accelerator import Accelerator
+from fabric.accelerators.cuda_devices import find_usable_cuda_devices as find_usable_cuda_devices  # Lightning's path
 from fabric.utilities.exceptions import FabricValueError
 
 
@@ -16,6 +17,16 @@ def _cuda_count() -> int:
     # is_available() would initialise the driver unless PYTORCH_NVML_BASED_CUDA_CHECK=1 (set on `import fabric`,
     # but a user may have set it to 0). It returns 0 on a CPU-only build of torch.
     return torch.cuda.device_count()
+
+
+def num_cuda_devices() -> int:
+    """How many CUDA devices this process sees (0 without CUDA); asks NVML, so the driver stays uninitialised."""
+    return _cuda_count()
+
+
+def is_cuda_available() -> bool:
+    """Whether any CUDA device is visible, without initialising the driver (so ddp_fork can still fork)."""
+    return _cuda_count() > 0
 
 
 def check_bf16_supported(device: torch.device, precision: str) -> None:

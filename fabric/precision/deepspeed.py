@@ -6,6 +6,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
 import torch
+from torch import Tensor
 from torch.nn import Module
 
 from fabric.precision.precision import Precision, _convert_floating, _DefaultDtype
@@ -49,6 +50,16 @@ class DeepSpeedPrecision(Precision):
     def requires_fabric_backward(self) -> bool:
         """Always: only the engine's backward reduces ZeRO's gradients (and scales a float16 loss)."""
         return True
+
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Back-propagate through the DeepSpeed engine `module` (`module.backward(tensor)`), as Lightning does."""
+        if module is None:
+            raise FabricValueError(
+                "DeepSpeedPrecision.backward(tensor, None): only the DeepSpeed engine can back-propagate (it scales "
+                "the loss and reduces ZeRO's gradients). Pass the engine that computed the loss."
+            )
+        engine: Any = module  # a DeepSpeedEngine; nn.Module does not declare its backward
+        engine.backward(tensor, *args, **kwargs)
 
     def convert_module(self, module: Module) -> Module:
         """`*-true` casts the model now; for `*-mixed` the engine casts it and keeps float32 master weights."""

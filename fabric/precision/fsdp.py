@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -18,6 +20,13 @@ if TYPE_CHECKING:
 
 # The names FSDP can honour on sharded parameters; a custom plugin's policy has no MixedPrecisionPolicy equivalent.
 SUPPORTED_PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+_LIGHTNING_DTYPES = {
+    "16-true": torch.float16,
+    "16-mixed": torch.float16,
+    "bf16-true": torch.bfloat16,
+    "bf16-mixed": torch.bfloat16,
+    "32-true": torch.float32,
+}
 _MIXED_DTYPES = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 
@@ -52,8 +61,14 @@ class FSDPPrecision(_DelegatingPrecision):
 
     @property
     def mixed_precision_config(self) -> MixedPrecisionPolicy | None:
-        """The policy fully_shard gets: 16-bit compute, float32 reduction for `*-mixed`; None otherwise."""
-        return mixed_precision_policy(self.precision)
+        """Lightning's table: param, reduce and buffer dtype all equal the precision's dtype (float16 for `16-*`,
+        bfloat16 for `bf16-*`, float32 for `32-true`); None for `64-true`, which Lightning rejects.
+
+        An FSDP2 `MixedPrecisionPolicy` with a `buffer_dtype` field added. It describes the plugin only: the
+        strategy shards with `mixed_precision_policy()` below, which reduces gradients in float32.
+        """
+        dtype = _LIGHTNING_DTYPES.get(self.precision)
+        return None if dtype is None else _config_class()(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)  # type: ignore[call-arg]
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
@@ -106,6 +121,20 @@ def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy | None:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+@functools.cache
+def _config_class() -> type[MixedPrecisionPolicy]:
+    # Built on first use: importing torch.distributed.fsdp costs time that `import fabric` must not pay.
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    @dataclasses.dataclass(frozen=True)
+    class FSDPMixedPrecisionConfig(MixedPrecisionPolicy):
+        """FSDP2's policy plus FSDP1's `buffer_dtype`, the three dtypes Lightning's `mixed_precision_config` has."""
+
+        buffer_dtype: torch.dtype | None = None
+
+    return FSDPMixedPrecisionConfig
 
 
 def check_fsdp_precision(precision: Precision, owner: str) -> None:

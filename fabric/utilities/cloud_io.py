@@ -67,3 +67,18 @@ def _is_local_file_protocol(path: _PATH) -> bool:
 
 
 __all__ = ["get_filesystem"]
+
+
+_OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "abfs", "az", "adl")
+
+
+def _is_dir(fs: AbstractFileSystem, path: _PATH, strict: bool = False) -> bool:
+    """Whether ``path`` can serve as a directory on ``fs``.
+
+    Object stores (s3, gcs, azure) have no real directories: unless ``strict``, any path there that is not an
+    existing file counts as one (it is created on the first write). Elsewhere this is ``fs.isdir(path)``.
+    """
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if any(p in _OBJECT_STORES for p in protocols):
+        return bool(fs.isdir(path)) if strict else not bool(fs.isfile(path))
+    return bool(fs.isdir(path))

@@ -255,3 +255,37 @@ def add_note(err: BaseException, text: str) -> None:
     notes.append(text)
     if err.args and isinstance(err.args[0], str):
         err.args = (f"{err.args[0]}\n{text}", *err.args[1:])
+
+
+# Lightning's private helpers, which client code imports from this path.
+def _distributed_is_initialized() -> bool:
+    """Whether torch.distributed is built in and a default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def _sync_ddp_if_available(result: Tensor, group: Any | None = None, reduce_op: Any | None = None) -> Tensor:
+    """`result` reduced across the group ('sum' when `reduce_op` is None); `result` itself without a group."""
+    if not _distributed_is_initialized():
+        return result
+    return all_reduce(result, "sum" if reduce_op is None else reduce_op, group)
+
+
+def _all_gather_ddp_if_available(tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+    """Every process's `tensor` stacked along a new first dimension; `tensor` itself without a group."""
+    if not _distributed_is_initialized():
+        return tensor
+    return all_gather(tensor.contiguous(), group, sync_grads)
+
+
+def _get_default_process_group_backend_for_device(device: torch.device) -> str:
+    """'nccl' for CUDA devices, 'gloo' otherwise (Lightning's choice)."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def __getattr__(name: str) -> Any:
+    # Lightning's path for the sampler wrapper; loaded on use, as torch.utils.data costs ~70 ms to import.
+    if name == "DistributedSamplerWrapper":
+        from fabric.utilities.data import DistributedSamplerWrapper
+
+        return DistributedSamplerWrapper
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,6 +22,9 @@ _NUMPY_AVAILABLE = importlib.util.find_spec("numpy") is not None
 _IS_WINDOWS = platform.system() == "Windows"
 _IS_INTERACTIVE = hasattr(sys, "ps1") or bool(sys.flags.interactive)
 _PYTHON_GREATER_EQUAL_3_10_0 = sys.version_info >= (3, 10)
+# Always true (torch >= 2.13 is required); Lightning's older flags, still imported by client code.
+_TORCH_GREATER_EQUAL_2_0 = _TORCH >= (2, 0, 0)
+_TORCH_GREATER_EQUAL_2_1 = _TORCH >= (2, 1, 0)
 _TORCH_GREATER_EQUAL_2_2 = _TORCH >= (2, 2, 0)
 _TORCH_GREATER_EQUAL_2_3 = _TORCH >= (2, 3, 0)
 _TORCH_GREATER_EQUAL_2_4 = _TORCH >= (2, 4, 0)

@@ -137,6 +137,11 @@ class WarningCache(set):
             rank_zero_info(message, stacklevel=stacklevel, **kwargs)
 
 
+def _get_rank() -> int:
+    """This process's global rank as the launcher or cluster set it (0 for a plain process)."""
+    return _detected_rank()
+
+
 __all__ = [
     "LightningDeprecationWarning",
     "WarningCache",

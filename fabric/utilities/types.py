@@ -27,6 +27,7 @@ else:  # torch built without distributed support
     ReduceOp = RedOpType = object  # type: ignore[assignment,misc]
 
 _LRScheduler = LRScheduler
+_TORCH_LRSCHEDULER = LRScheduler  # Lightning's older name, still imported by client code
 _DictKey = TypeVar("_DictKey")
 
 

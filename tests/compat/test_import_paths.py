@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import inspect
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,6 +212,58 @@ SUPPORTED: list[tuple[str, str]] = [
     ),
 ]
 
+# The private and module paths published projects import (issue 19: litgpt, sheeprl, ...).
+SUPPORTED += [
+    ("fabric.fabric", "Fabric"),
+    ("fabric.utilities.cloud_io", "_is_dir"),
+    ("fabric.wrappers", "_unwrap_objects"),
+    ("fabric.utilities.distributed", "DistributedSamplerWrapper"),
+    ("fabric.plugins.precision.bitsandbytes", "BitsandbytesPrecision"),
+    ("fabric.plugins.precision.deepspeed", "DeepSpeedPrecision"),
+    ("fabric.plugins.precision.fsdp", "FSDPPrecision"),
+    ("fabric.plugins.precision.transformer_engine", "TransformerEnginePrecision"),
+    ("fabric.accelerators.registry", "_AcceleratorRegistry"),
+    ("fabric.accelerators.registry", "ACCELERATOR_REGISTRY"),
+    ("fabric.strategies.registry", "_StrategyRegistry"),
+    ("fabric.strategies.registry", "STRATEGY_REGISTRY"),
+    ("fabric.utilities.spike", "SpikeDetection"),
+    ("fabric.utilities.spike", "TrainingSpikeException"),
+    *(
+        ("fabric.connector", n)
+        for n in ("_PRECISION_INPUT", "_PRECISION_INPUT_STR", "_PLUGIN_INPUT", "_convert_precision_to_unified_args")
+    ),
+    ("fabric.utilities.registry", "_load_external_callbacks"),
+    ("fabric.utilities.testing", "_runif_reasons"),
+    ("fabric.utilities.consolidate_checkpoint", "_process_cli_args"),
+    ("fabric.utilities.logger", "_convert_params"),
+    ("fabric.utilities.logger", "_flatten_dict"),
+    ("fabric.utilities.rank_zero", "_get_rank"),
+    ("fabric.utilities.types", "_TORCH_LRSCHEDULER"),
+    ("fabric.utilities.imports", "_TORCH_GREATER_EQUAL_2_0"),
+    ("fabric.utilities.imports", "_TORCH_GREATER_EQUAL_2_1"),
+    *(
+        ("fabric.utilities.distributed", n)
+        for n in (
+            "_distributed_is_initialized",
+            "_sync_ddp_if_available",
+            "_all_gather_ddp_if_available",
+            "_get_default_process_group_backend_for_device",
+        )
+    ),
+    *(
+        ("fabric.accelerators.cuda", n)
+        for n in ("CUDAAccelerator", "find_usable_cuda_devices", "is_cuda_available", "num_cuda_devices")
+    ),
+]
+# Names under fabric.plugins that are not plugin classes (so not in the plugin-identity check below).
+FUNCTION_PATHS: list[tuple[str, str]] = [
+    ("fabric.plugins.environments.lightning", "find_free_network_port"),
+    ("fabric.plugins.collectives.collective", "CollectibleGroup"),
+    ("fabric.plugins.collectives.torch_collective", "default_pg_timeout"),
+    ("fabric.plugins.precision.utils", "_convert_fp_tensor"),
+    ("fabric.plugins.precision.utils", "_DtypeContextManager"),
+]
+
 # TPUs through XLA (the classes import without torch_xla; using them needs it).
 XLA_PATHS: list[tuple[str, str]] = [
     ("fabric.accelerators.xla", "XLAAccelerator"),
@@ -239,7 +292,9 @@ def _import(path: str, name: str) -> object:
     return getattr(module, name)
 
 
-@pytest.mark.parametrize(("path", "name"), SUPPORTED, ids=[f"{p}.{n}" for p, n in SUPPORTED])
+@pytest.mark.parametrize(
+    ("path", "name"), SUPPORTED + FUNCTION_PATHS, ids=[f"{p}.{n}" for p, n in SUPPORTED + FUNCTION_PATHS]
+)
 def test_lightning_import_path_exists(path: str, name: str) -> None:
     assert _import(path, name) is not None
 
@@ -267,7 +322,7 @@ def test_no_listed_module_imports_an_optional_heavy_dependency() -> None:
     import subprocess
     import sys
 
-    modules = sorted({path for path, _ in SUPPORTED})
+    modules = sorted({path for path, _ in SUPPORTED + FUNCTION_PATHS})
     code = (
         f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
         "heavy = ('lightning', 'lightning_fabric', 'lightning_utilities', 'deepspeed', 'fsspec', 'tensorboard', "
@@ -320,3 +375,50 @@ def test_is_wrapped_recognises_what_setup_returned() -> None:
     loader = f.setup_dataloaders(DataLoader(list(range(4))))
     assert fabric.is_wrapped(wrapped) and fabric.is_wrapped(loader)
     assert not fabric.is_wrapped(model)
+
+
+def test_private_names_behave_as_lightnings(tmp_path: Path) -> None:
+    import torch
+    from fsspec.implementations.local import LocalFileSystem
+    from torch.utils.data import DataLoader
+
+    from fabric.accelerators import ACCELERATOR_REGISTRY
+    from fabric.accelerators.cuda import is_cuda_available, num_cuda_devices
+    from fabric.strategies import STRATEGY_REGISTRY
+    from fabric.utilities.cloud_io import _is_dir
+    from fabric.utilities.data import DistributedSamplerWrapper
+    from fabric.utilities.distributed import DistributedSamplerWrapper as from_distributed
+    from fabric.wrappers import _unwrap_objects
+
+    f = fabric.Fabric(accelerator="cpu", devices=1)
+    assert f._precision is f.strategy.precision
+    layer = torch.nn.Linear(2, 2)
+    model, optimizer = f.setup(layer, torch.optim.SGD(layer.parameters()))
+    loader = f.setup_dataloaders(DataLoader(list(range(4))))
+    # the loader becomes the DataLoader the wrapper iterates (Lightning's `_dataloader`, as here)
+    unwrapped = _unwrap_objects({"model": model, "rest": [optimizer, loader, 3]})
+    assert unwrapped["model"] is layer and unwrapped["rest"][0] is optimizer.optimizer
+    assert unwrapped["rest"][1] is loader._dataloader and unwrapped["rest"][2] == 3
+    assert "ddp" in STRATEGY_REGISTRY.available_strategies() and "cpu" in ACCELERATOR_REGISTRY.available_accelerators()
+    assert num_cuda_devices() == torch.cuda.device_count() and is_cuda_available() is (num_cuda_devices() > 0)
+    assert from_distributed is DistributedSamplerWrapper
+    fs = LocalFileSystem()
+    (tmp_path / "file").write_text("x")
+    assert _is_dir(fs, tmp_path) and not _is_dir(fs, tmp_path / "file") and not _is_dir(fs, tmp_path / "missing")
+
+
+def test_is_dir_on_an_object_store_accepts_any_path_that_is_not_a_file() -> None:
+    from fabric.utilities.cloud_io import _is_dir
+
+    class _Store:
+        protocol = ("s3", "s3a")
+
+        def isdir(self, path: str) -> bool:
+            return False
+
+        def isfile(self, path: str) -> bool:
+            return path.endswith(".ckpt")
+
+    store: Any = _Store()
+    assert _is_dir(store, "s3://bucket/new/dir") and not _is_dir(store, "s3://bucket/new/dir", strict=True)
+    assert not _is_dir(store, "s3://bucket/last.ckpt")

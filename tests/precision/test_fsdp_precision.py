@@ -28,10 +28,14 @@ def test_a_precision_name_with_fsdp_becomes_an_fsdp_precision(
 ) -> None:
     plugin = Fabric(accelerator="cpu", devices=2, strategy="fsdp", precision=precision).strategy.precision
     assert isinstance(plugin, FSDPPrecision) and plugin.precision == precision
+    # the policy fully_shard gets: 16-bit compute, float32 reduction for `*-mixed` only
     expected = (
         None if param_dtype is None else MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     )
-    assert plugin.mixed_precision_config == expected
+    assert (
+        Fabric(accelerator="cpu", devices=2, strategy="fsdp", precision=precision).strategy.mixed_precision_policy
+        == expected
+    )  # type: ignore[attr-defined]
     assert plugin.convert_module(nn.Linear(2, 2)).weight.dtype == module_dtype
     with plugin.module_init_context():
         assert nn.Linear(2, 2).weight.dtype == module_dtype
@@ -72,3 +76,23 @@ def test_bad_arguments_are_named(kwargs: dict, message: str) -> None:
 
     with pytest.raises(ValueError, match=re.escape(message)):
         FSDPPrecision(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [
+        ("16-true", torch.float16),
+        ("16-mixed", torch.float16),
+        ("bf16-true", torch.bfloat16),
+        ("bf16-mixed", torch.bfloat16),
+        ("32-true", torch.float32),
+        ("64-true", None),  # Lightning raises here; there is no config to describe
+    ],
+)
+def test_mixed_precision_config_has_lightnings_three_dtypes(precision: str, dtype: torch.dtype | None) -> None:
+    config = FSDPPrecision(precision, device="cpu").mixed_precision_config  # type: ignore[arg-type]
+    if dtype is None:
+        assert config is None
+        return
+    assert (config.param_dtype, config.reduce_dtype, config.buffer_dtype) == (dtype, dtype, dtype)  # type: ignore[attr-defined]
+    assert isinstance(config, MixedPrecisionPolicy)  # an FSDP2 policy underneath

@@ -252,3 +252,23 @@ def test_base_precision_state_dict_round_trip() -> None:
     assert plugin.state_dict() == {}
     plugin.load_state_dict({})
     assert plugin.state_dict() == {}
+
+
+def test_deepspeed_precision_backward_goes_through_the_engine() -> None:
+    from fabric.precision import DeepSpeedPrecision
+
+    class _Engine(torch.nn.Module):  # a DeepSpeedEngine is a Module
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+        def backward(self, tensor: Any, *args: Any, **kwargs: Any) -> None:
+            self.calls.append((tensor, args, kwargs))
+
+    engine = _Engine()
+    loss = torch.tensor(1.0, requires_grad=True)
+    DeepSpeedPrecision("32-true").backward(loss, engine, retain_graph=True)
+    assert engine.calls == [(loss, (), {"retain_graph": True})]
+    assert loss.grad is None  # the engine alone back-propagates (it scales and reduces ZeRO's gradients)
+    with pytest.raises(ValueError, match=r"backward\(tensor, None\).*Pass the engine"):
+        DeepSpeedPrecision("32-true").backward(loss, None)
