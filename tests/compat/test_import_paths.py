@@ -110,6 +110,7 @@ SUPPORTED: list[tuple[str, str]] = [
     ("fabric.strategies.deepspeed", "DeepSpeedStrategy"),
     ("fabric.strategies.model_parallel", "ModelParallelStrategy"),
     ("fabric.loggers.logger", "Logger"),
+    ("fabric.loggers.logger", "rank_zero_experiment"),
     ("fabric.loggers.csv_logs", "CSVLogger"),
     ("fabric.loggers.tensorboard", "TensorBoardLogger"),
     # wrappers
