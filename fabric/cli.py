@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fabric._cli_argv import split_run_argv
 from fabric._cli_flags import CLI_ENV_PREFIX, LIGHTNING_CLI_USED, LIGHTNING_ENV_PREFIX
 from fabric.precision._names import PRECISIONS
 from fabric.strategies import STRATEGY_REGISTRY
@@ -58,16 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         prog="fabric run",
+        allow_abbrev=False,  # like Lightning's click CLI: `--dev` after SCRIPT is the script's, so never ours
         help="Run a training script on one or more processes, devices and machines.",
         description=(
             "Start SCRIPT once per device through torch.distributed.run (torchrun). The script's Fabric(...) "
             "takes every flag it leaves at its default from this command; a flag set in both places must agree. "
-            "Everything after SCRIPT is passed to the script untouched."
+            "Its options may stand before or after SCRIPT, as in Lightning's CLI; every other argument, and "
+            "everything after `--`, is passed to the script in order."
         ),
     )
     run.add_argument("script", metavar="SCRIPT", help="The Python script to run in every process.")
     run.add_argument(
-        "script_args", metavar="SCRIPT_ARGS", nargs=argparse.REMAINDER, help="Arguments passed to the script as-is."
+        "script_args",
+        metavar="SCRIPT_ARGS",
+        nargs="*",
+        help="Arguments passed to the script as-is: every word after SCRIPT that is not an option above, and "
+        "everything after `--` (put a script option spelled like one above there).",
     )
     run.add_argument(
         "--accelerator",
@@ -177,7 +184,7 @@ def _add_consolidate(commands: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `fabric` console script and of `python -m fabric`."""
     parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = parse_args(parser, list(sys.argv[1:] if argv is None else argv))
     if args.command == "consolidate":
         return _consolidate(args)
     try:
@@ -185,6 +192,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _CLIError as err:
         print(f"fabric run{err.flags}: {err}", file=sys.stderr)
         return 2
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse `argv`; for `run`, its options before or after SCRIPT and the script's arguments (see _cli_argv)."""
+    if not argv or argv[0] != "run":
+        return parser.parse_args(argv)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    ours, script_args = split_run_argv(commands.choices["run"], argv[1:])
+    args = parser.parse_args(["run", *ours])
+    args.script_args = script_args
+    return args
 
 
 class _CLIError(Exception):

@@ -52,7 +52,7 @@ def _free_port() -> int:
 
 
 def _parse(*argv: str) -> argparse.Namespace:
-    return cli.build_parser().parse_args(["run", *argv])
+    return cli.parse_args(cli.build_parser(), ["run", *argv])
 
 
 # -- parsing -------------------------------------------------------------------------------------
@@ -62,11 +62,37 @@ def test_defaults() -> None:
     assert (args.num_nodes, args.node_rank, args.main_address, args.main_port) == (1, 0, "127.0.0.1", 29400)
 
 
-def test_everything_after_the_script_goes_to_the_script_untouched() -> None:
-    args = _parse("--devices", "2", "train.py", "--lr", "0.1", "--devices", "3", "-h")
+def test_options_after_the_script_are_fabric_run_s_as_in_lightning() -> None:
+    args = _parse("train.py", "--devices", "2", "--precision", "bf16-mixed", "--num_nodes=1", "--accelerator=cpu")
+    assert (args.script, args.devices, args.precision, args.num_nodes, args.accelerator) == (
+        "train.py", "2", "bf16-mixed", 1, "cpu")  # fmt: skip
+    assert args.script_args == []
+
+
+def test_unknown_options_and_words_go_to_the_script_in_order() -> None:
+    args = _parse("--devices", "2", "train.py", "--lr", "0.1", "data", "--strategy", "ddp", "-h", "--dev", "3")
+    assert (args.devices, args.strategy, args.script) == ("2", "ddp", "train.py")
+    # -h after SCRIPT and abbreviations are the script's, as with click (which knows only --help, in full).
+    assert args.script_args == ["--lr", "0.1", "data", "-h", "--dev", "3"]
+
+
+def test_everything_after_double_dash_goes_to_the_script_verbatim() -> None:
+    args = _parse("train.py", "--devices", "2", "--", "--devices", "3", "--", "-h", "--precision=64")
     assert args.devices == "2"
-    assert args.script == "train.py"
-    assert args.script_args == ["--lr", "0.1", "--devices", "3", "-h"]
+    assert args.script_args == ["--devices", "3", "--", "-h", "--precision=64"]
+    args = _parse("--devices=2", "--", "train.py", "--precision", "16-mixed")
+    assert (args.script, args.devices, args.precision) == ("train.py", "2", None)
+    assert args.script_args == ["--precision", "16-mixed"]
+
+
+def test_a_fabric_option_value_may_start_with_a_dash() -> None:
+    assert _parse("train.py", "--devices", "-1").devices == "-1"
+
+
+def test_bad_option_after_the_script_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse("train.py", "--precision", "8-true")
+    assert "argument --precision: invalid choice: '8-true'" in capsys.readouterr().err
 
 
 def test_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:
@@ -142,7 +168,7 @@ def test_main_builds_torchrun_args_and_cli_environment(script: Path, launched: l
     port = _free_port()
     argv = ["run", "--accelerator", "cpu", "--devices", "3", "--num-nodes", "2", "--node-rank", "0"]
     argv += ["--main-address", "127.0.0.1", "--main-port", str(port), "--precision", "bf16-mixed", "--strategy", "ddp"]
-    assert cli.main([*argv, str(script), "--lr", "0.1", "--devices", "7"]) == 0
+    assert cli.main([*argv, str(script), "--lr", "0.1", "--", "--devices", "7"]) == 0
     assert launched == [
         ["--nproc_per_node=3", "--nnodes=2", "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}",
          "--module", "fabric.strategies.launchers._run_worker", str(script), "--lr", "0.1", "--devices", "7"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
@@ -39,7 +40,10 @@ def _detected_rank() -> int:
         if env_cls.detect():
             rank = env_cls().global_rank()
             return 0 if rank is None else rank
-    return 0
+    # A child that fabric.launch() started, before its group exists (Lightning reads LOCAL_RANK here).
+    from fabric.strategies.launchers._run_worker import LAUNCHED_RANK_ENV
+
+    return int(os.environ.get(LAUNCHED_RANK_ENV, 0))
 
 
 class _RankZeroOnly:

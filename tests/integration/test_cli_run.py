@@ -74,7 +74,7 @@ def _check_two_ranks(outdir: Path, argv_tail: list[str]) -> None:
 def test_two_cpu_ranks_without_launch(tmp_path: Path) -> None:
     port = str(_free_port())
     argv = ["run", "--accelerator", "cpu", "--devices", "2", "--main-port", port, "cli_report.py", str(tmp_path)]
-    code, _, err = _run([*FABRIC, *argv, "--lr", "0.1", "--devices", "3"])
+    code, _, err = _run([*FABRIC, *argv, "--lr", "0.1", "--", "--devices", "3"])
     assert code == 0, err
     _check_two_ranks(tmp_path, ["--lr", "0.1", "--devices", "3"])
     env = _reports(tmp_path)[0]["cli_env"]
@@ -84,6 +84,18 @@ def test_two_cpu_ranks_without_launch(tmp_path: Path) -> None:
         "FABRIC_CLI_DEVICES": "2",
         "FABRIC_CLI_NUM_NODES": "1",
     }
+
+
+def test_options_after_the_script_as_in_lightning(tmp_path: Path) -> None:
+    """Lightning's form: `fabric run train.py --devices 2 --precision bf16-mixed`; the rest is the script's."""
+    port = str(_free_port())
+    argv = ["run", "cli_report.py", str(tmp_path), "--accelerator", "cpu", "--devices", "2", "--lr", "0.1"]
+    argv += ["--precision", "bf16-mixed", "--main-port", port, "--", "--devices", "3"]
+    code, _, err = _run([*FABRIC, *argv])
+    assert code == 0, err
+    _check_two_ranks(tmp_path, ["--lr", "0.1", "--devices", "3"])
+    assert {r["precision"] for r in _reports(tmp_path)} == {"MixedPrecision"}
+    assert _reports(tmp_path)[0]["cli_env"]["FABRIC_CLI_PRECISION"] == "bf16-mixed"
 
 
 def test_python_dash_m_fabric_with_launch(tmp_path: Path) -> None:

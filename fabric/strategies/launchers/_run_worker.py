@@ -16,6 +16,7 @@ from pathlib import Path
 from fabric.strategies.launchers._process import die_with_parent, record_finished
 
 PARENT_PID_ENV = "FABRIC_RUN_PID"  # launcher-private: the pid of the launcher this process must die with
+LAUNCHED_RANK_ENV = "FABRIC_LAUNCHED_RANK"  # launcher-private: the global rank fabric.launch() gave this child
 MODULE = "fabric.strategies.launchers._run_worker"
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fabric.strategies.launchers import _run_worker
+from fabric.strategies.launchers import _hydra, _run_worker
 from fabric.strategies.launchers._process import FAILURE_DIR_ENV, describe_exit, read_failures, read_finished
 from fabric.strategies.launchers._process import report_failures_to_parent as report_failures_to_parent
 from fabric.strategies.launchers.launcher import Launcher
@@ -107,9 +107,12 @@ class SubprocessScriptLauncher(Launcher):
         # The worker entry asks Linux to end the child when this process dies (no preexec_fn: this process may
         # already run threads, and code between fork and exec must not take their locks).
         env[_run_worker.PARENT_PID_ENV] = str(os.getpid())
+        # rank_zero_only reads it before any group exists, so a child skips what the script prints before launch.
+        env[_run_worker.LAUNCHED_RANK_ENV] = str(self.node_rank * self.num_processes + local_rank)
         if self._failure_dir is not None:
             env[FAILURE_DIR_ENV] = self._failure_dir
-        return subprocess.Popen(command, env=env)
+        hydra_overrides, cwd = _hydra.child_overrides(local_rank)
+        return subprocess.Popen([*command, *hydra_overrides], env=env, cwd=cwd)
 
     def _watch(self) -> None:
         """End the job when a child fails, instead of letting the others hang in a collective."""
