@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
+
+# pytest-xdist's workers ignore SIGINT (the controller handles Ctrl-C), and an ignored signal stays ignored in
+# every process they start: the scripts the signal tests start would then never see their Ctrl-C. Give the
+# worker Python's own handler back, so that its children start with the default, as under a plain pytest run.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
