@@ -17,52 +17,17 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from _it_common import outdir_from_argv, write_json
-from torch import nn
+
+# The same model, data, raw DDP loop and checks as the mistakes script (both run on 2 gloo ranks).
+from mistakes_ddp import batch, caught, equal_across_ranks, flat, make_model, raw_ddp_weights
 
 from fabric import Fabric
 from fabric.strategies import SingleDeviceStrategy
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-
-
-def batch(rank: int, step: int) -> torch.Tensor:
-    return torch.full((2, 4), float(rank + 1 + step))  # different data on each rank
-
-
-def caught(action: Callable[[], Any]) -> list[str]:
-    with warnings.catch_warnings(record=True) as records:
-        warnings.simplefilter("always")
-        action()
-    return [str(r.message) for r in records]
-
-
-def flat(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def equal_across_ranks(fabric: Fabric, model: nn.Module) -> bool:
-    gathered = fabric.all_gather(flat(model))
-    return bool(torch.equal(gathered[0], gathered[1]))
-
-
-def raw_ddp_weights(rank: int, steps: int) -> torch.Tensor:
-    model = nn.parallel.DistributedDataParallel(make_model())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(steps):
-        model(batch(rank, step)).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return flat(model)
 
 
 def set_up_twice(fabric: Fabric, rank: int, report: dict[str, Any]) -> None:

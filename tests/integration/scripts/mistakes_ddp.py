@@ -44,9 +44,13 @@ def caught(action: Callable[[], Any]) -> list[str]:
     return [str(r.message) for r in records]
 
 
+def flat(model: nn.Module) -> torch.Tensor:
+    """Every parameter of `model`, detached, in one flat tensor."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
 def equal_across_ranks(fabric: Fabric, model: nn.Module) -> bool:
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    gathered = fabric.all_gather(flat)
+    gathered = fabric.all_gather(flat(model))
     return bool(torch.equal(gathered[0], gathered[1]))
 
 
@@ -58,7 +62,7 @@ def raw_ddp_weights(rank: int, steps: int) -> torch.Tensor:
         model(batch(rank, step)).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return flat(model)
 
 
 def main() -> None:
