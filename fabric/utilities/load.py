@@ -9,6 +9,22 @@ import torch
 from fabric.utilities.types import _PATH
 
 
+class _NotYetLoadedTensor:
+    """The placeholder type Lightning's ``_lazy_load`` returns for tensors not read yet; ours never does.
+
+    ``_lazy_load`` below gives real (memory-mapped) tensors instead, so no value is ever of this type. The name
+    exists because client code imports it for annotations and type checks (litgpt's checkpoint converters:
+    ``hasattr(param, "_load_tensor")`` / ``type(x) is not _NotYetLoadedTensor``), and those stay correct with
+    real tensors.
+    """
+
+    def _load_tensor(self) -> torch.Tensor:
+        raise TypeError(
+            "_NotYetLoadedTensor._load_tensor() was called, but fabric's _lazy_load never returns this placeholder: "
+            "it returns memory-mapped torch tensors, which are used directly. Use the tensor itself."
+        )
+
+
 def _lazy_load(filename: _PATH) -> Any:
     """Open a ``torch.save`` file with its tensors memory-mapped: bytes are read when a tensor is used.
 

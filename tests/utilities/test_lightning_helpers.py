@@ -34,7 +34,7 @@ from fabric.utilities.cloud_io import _load, get_filesystem
 from fabric.utilities.data import has_len, sized_len
 from fabric.utilities.device_parser import _determine_root_gpu_device, _parse_gpu_ids
 from fabric.utilities.exceptions import FabricValueError, MisconfigurationException
-from fabric.utilities.load import _lazy_load
+from fabric.utilities.load import _lazy_load, _NotYetLoadedTensor
 from fabric.utilities.rank_zero import (
     LightningDeprecationWarning,
     WarningCache,
@@ -191,6 +191,10 @@ def test_lazy_load_memory_maps_the_tensors_and_loads_into_a_model(tmp_path: Path
     fresh = torch.nn.Linear(3, 2)
     fresh.load_state_dict(state)
     assert torch.equal(fresh.weight, model.weight)
+    # Real tensors, never Lightning's placeholder: code that checks for it (litgpt's converters) takes the tensor.
+    assert all(type(t) is torch.Tensor and not isinstance(t, _NotYetLoadedTensor) for t in state.values())
+    with pytest.raises(TypeError, match="never returns this placeholder"):
+        _NotYetLoadedTensor()._load_tensor()
     legacy = tmp_path / "legacy.pt"
     torch.save({"w": torch.ones(1)}, legacy, _use_new_zipfile_serialization=False)
     with pytest.raises(RuntimeError, match=r"legacy \(pre-1.6\) format, which cannot be memory-mapped"):
