@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import importlib.metadata
 import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +65,11 @@ SHEEPRL_OVERRIDES = (
     # would create a second one.
     "hydra.run.dir=hydra_${now:%H-%M-%S_%f}",
 )
+
+
+_LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                       "MASTER_", "TORCHELASTIC_", "SLURM_", "LSB_", "JSM_", "OMPI_", "PMI_")  # fmt: skip
+PINNED = ("sheeprl", "lightning", "torch", "gymnasium", "hydra-core", "tensorboard")
 
 
 @dataclass
@@ -119,6 +126,13 @@ def copy_and_rewrite(package_dir: Path, destination: Path) -> int:
     return total
 
 
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def installed_sheeprl() -> Path:
     """The installed sheeprl package's folder, found without importing it (an import would import lightning)."""
     spec = importlib.util.find_spec("sheeprl")
@@ -136,7 +150,8 @@ def sheeprl_command() -> list[str]:
 
 
 def make_runs(workdir: Path, src: Path) -> list[Run]:
-    base_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    # A plain machine for both: no variables of a scheduler or launcher that CI itself may run under.
+    base_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith(_LAUNCHER_VARIABLES)}
     base_env["PYTHONHASHSEED"] = "0"
     inherited = os.environ.get("PYTHONPATH", "")
     # The rewritten copy first, so `import sheeprl` finds it, then this checkout, so the fabric under test is
@@ -180,13 +195,16 @@ def start(run: Run) -> tuple[subprocess.Popen, float]:
         shutil.rmtree(run.cwd)
     run.cwd.mkdir(parents=True)
     log = (run.cwd / "output.txt").open("w")
-    process = subprocess.Popen(run.command, cwd=run.cwd, env=run.env, stdout=log, stderr=subprocess.STDOUT)
+    # A session of its own, so that a run that hangs is ended with all its processes (`execute`).
+    process = subprocess.Popen(
+        run.command, cwd=run.cwd, env=run.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     log.close()
     return process, time.perf_counter()
 
 
-def execute(runs: list[Run], jobs: int) -> None:
-    """Run `runs`, `jobs` at a time, recording each one's exit status and wall time."""
+def execute(runs: list[Run], jobs: int, timeout: float) -> None:
+    """Run `runs`, `jobs` at a time, recording each one's exit status and wall time; end one after `timeout`s."""
     pending = list(runs)
     active: list[tuple[Run, subprocess.Popen, float]] = []
     while pending or active:
@@ -195,6 +213,10 @@ def execute(runs: list[Run], jobs: int) -> None:
             active.append((run, *start(run)))
         for entry in list(active):
             run, process, started = entry
+            if process.poll() is None and time.perf_counter() - started > timeout:
+                print(f"{run.name}: still running after {timeout:.0f}s, ending it", flush=True)
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
             if process.poll() is not None:
                 run.returncode = process.returncode
                 run.seconds = time.perf_counter() - started
@@ -215,8 +237,8 @@ def check_layout(run: Run, failures: Failures) -> None:
     hydra_dirs = sorted(run.cwd.glob("hydra_*"))
     failures.check(
         len(hydra_dirs) == 1,
-        f"{run.name}: {len(hydra_dirs)} Hydra run directories ({', '.join(p.name for p in hydra_dirs)}), "
-        "expected 1: the child process did not reuse the parent's hydra.run.dir",
+        f"{run.name}: {len(hydra_dirs)} Hydra run directories ({', '.join(p.name for p in hydra_dirs)}), expected 1"
+        + (": a child process did not reuse the parent's hydra.run.dir" if hydra_dirs else ""),
     )
     versions = logger_versions(run)
     events = sorted(run.cwd.glob("logs/**/events.out.tfevents.*"))
@@ -326,11 +348,13 @@ def compare_checkpoints(ours: Run, theirs: Run, failures: Failures) -> tuple[int
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, required=True, help="where the copy, the runs and their logs go")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1: faster on 2 cores)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds before a run is ended (default 300)")
     args = parser.parse_args(argv)
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
 
+    print("versions:", ", ".join(f"{name} {_version(name)}" for name in PINNED))
     src = workdir / "src"
     rewritten = copy_and_rewrite(installed_sheeprl(), src / "sheeprl")
     # Byte-compiled now, as the installed package is, so that the first fabric run's time is not the compiler's.
@@ -343,30 +367,34 @@ def main(argv: list[str] | None = None) -> int:
     failures = Failures()
     check_imports(runs[0], src, failures)
     started = time.perf_counter()
-    execute(runs, args.jobs)
+    execute(runs, args.jobs, args.timeout)
     total = time.perf_counter() - started
 
     by_name = {run.name: run for run in runs}
     rows = []
     for run in runs:
         print(f"{run.name}: exit {run.returncode} in {run.seconds:.1f}s: cd {run.cwd} && {' '.join(run.command)}")
-        if not failures.check(run.returncode == 0, f"{run.name} exited with {run.returncode}"):
+        if failures.check(run.returncode == 0, f"{run.name} exited with {run.returncode}"):
+            check_layout(run, failures)
+        else:
             print(f"--- last lines of {run.cwd / 'output.txt'} ---\n{tail(run.cwd / 'output.txt')}")
-        check_layout(run, failures)
     for run in runs:
         reference = by_name[f"lightning-{run.devices}p"]
-        scalars, checkpoint = (0, 0.0), (0, 0.0)
+        scalars: tuple[int, float] | None = None
+        checkpoint: tuple[int, float] | None = None
         if run.backend == "fabric" and run.returncode == 0 and reference.returncode == 0:
             scalars = compare_scalars(run, reference, failures)
             checkpoint = compare_checkpoints(run, reference, failures)
         rows.append((run, scalars, checkpoint))
 
     print(f"\n{'run':<14}{'wall s':>8}{'scalars':>9}{'max diff':>10}{'tensors':>9}{'max diff':>10}")
-    for run, (n_scalars, d_scalars), (n_tensors, d_tensors) in rows:
-        if run.backend == "lightning":
-            print(f"{run.name:<14}{run.seconds:>8.1f}{'(ref)':>9}{'':>10}{'(ref)':>9}")
-        else:
-            print(f"{run.name:<14}{run.seconds:>8.1f}{n_scalars:>9}{d_scalars:>10.3g}{n_tensors:>9}{d_tensors:>10.3g}")
+    for run, scalars, checkpoint in rows:
+        compared = "".join(
+            f"{'(ref)':>9}{'':>10}" if run.backend == "lightning" else f"{'-':>9}{'-':>10}" if found is None
+            else f"{found[0]:>9}{found[1]:>10.3g}"
+            for found in (scalars, checkpoint)
+        )  # fmt: skip
+        print(f"{run.name:<14}{run.seconds:>8.1f}{compared}")
     print(f"all runs: {total:.1f}s with {args.jobs} at a time")
 
     if failures.messages:
