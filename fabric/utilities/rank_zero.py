@@ -24,7 +24,13 @@ _T = TypeVar("_T")
 
 
 def _detected_rank() -> int:
-    """This process's global rank as far as it can be known without any Fabric object."""
+    """This process's global rank as far as it can be known without any Fabric object (0 for a plain process)."""
+    rank = _known_rank()
+    return 0 if rank is None else rank
+
+
+def _known_rank() -> int | None:
+    """The global rank a process group, launcher or cluster gives this process; None for a plain process."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     # Imported here: fabric.environments imports fabric.utilities, which imports this module.
@@ -43,7 +49,8 @@ def _detected_rank() -> int:
     # A child that fabric.launch() started, before its group exists (Lightning reads LOCAL_RANK here).
     from fabric.strategies.launchers._run_worker import LAUNCHED_RANK_ENV
 
-    return int(os.environ.get(LAUNCHED_RANK_ENV, 0))
+    launched = os.environ.get(LAUNCHED_RANK_ENV)
+    return None if launched is None else int(launched)
 
 
 class _RankZeroOnly:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from fabric.utilities.exceptions import FabricValueError
+from fabric.utilities.rank_zero import _known_rank, rank_prefixed_message
 
 # Child processes (spawned ranks, dataloader workers) inherit the environment, so this is how the seed
 # reaches them without any process-wide Python state.
@@ -52,7 +53,8 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
             f" ({_MIN_SEED} to {_MAX_SEED}). Pass a seed in that range."
         )
     if verbose:
-        log.info("Seed set to %d", chosen)
+        # Prefixed with the rank in a multi-process job, as in Lightning: every rank logs its seed.
+        log.info(rank_prefixed_message(f"Seed set to {chosen}", _known_rank()))
     for name in (_SEED_ENV, _LIGHTNING_SEED_ENV):
         os.environ[name] = str(chosen)
     for name in (_WORKERS_ENV, _LIGHTNING_WORKERS_ENV):

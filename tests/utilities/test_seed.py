@@ -209,3 +209,27 @@ def test_worker_init_function_works_without_numpy(monkeypatch: pytest.MonkeyPatc
     torch.manual_seed(0)
     worker_init_function(0, rank=1)
     assert torch.rand(1).item() != first
+
+
+def _seed_messages(caplog: pytest.LogCaptureFixture, seed_fn: object, logger: str) -> list[str]:
+    caplog.clear()
+    with caplog.at_level("INFO", logger=logger):
+        seed_fn(7)  # type: ignore[operator]
+    return [r.getMessage() for r in caplog.records if r.name == logger]
+
+
+@pytest.mark.usefixtures("no_cluster_env")
+def test_seed_message_names_the_rank_in_a_multi_process_job(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every rank logs its seed (a Hydra app shows all of them); Lightning prefixes the rank where a launcher
+    # named one, and not in a plain process.
+    assert _seed_messages(caplog, seed_everything, "fabric.utilities.seed") == ["Seed set to 7"]
+    torchrun = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    assert _seed_messages(caplog, seed_everything, "fabric.utilities.seed") == ["[rank: 1] Seed set to 7"]
+    lightning_seed = pytest.importorskip("lightning.fabric.utilities.seed")
+    assert _seed_messages(caplog, lightning_seed.seed_everything, lightning_seed.__name__) == [
+        "[rank: 1] Seed set to 7"
+    ]
