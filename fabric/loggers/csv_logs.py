@@ -87,7 +87,9 @@ class CSVLogger(_VersionedLogger):
             key: _scalar(key, value, "CSVLogger")
             for key, value in _add_prefix(metrics, self._prefix, self.LOGGER_JOIN_CHAR).items()
         }
-        row["step"] = self._writer.rows_logged if step is None else step
+        # Without a step, Lightning records the number of rows buffered since the last write (so it restarts at 0
+        # after each write); clients compare their CSV files with Lightning's, so do the same.
+        row["step"] = self._writer.pending if step is None else step
         self._writer.add(row)
         # Counting calls, not step values, so that logging every k-th step still flushes regularly.
         if self._writer.pending >= self._flush_every:
@@ -165,7 +167,6 @@ class _MetricsWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.rows_logged = 0
         self._rows: list[dict[str, Any]] = []
         self._keys: list[str] = []
         self._started = False
@@ -176,7 +177,6 @@ class _MetricsWriter:
 
     def add(self, row: dict[str, Any]) -> None:
         self._rows.append(row)
-        self.rows_logged += 1
 
     def flush(self) -> None:
         if not self._rows:

@@ -16,8 +16,8 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Sequence
 
 _PREFIXES = ("lightning.fabric", "lightning_fabric")
 
@@ -51,7 +51,7 @@ class _AliasLoader(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def install() -> None:
     import lightning  # the whole package (lightning.pytorch included), bound to Lightning's own fabric
-    import lightning.pytorch.utilities.seed  # noqa: F401  (imported lazily by clients; bind it now)
+    import lightning.pytorch.utilities.seed
 
     import fabric
 

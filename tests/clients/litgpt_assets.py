@@ -13,10 +13,11 @@ import torch
 from litgpt.data import DataModule
 from torch.utils.data import DataLoader, Dataset
 
-WORDS = (
-    "the a cat dog bird sees eats runs sleeps on under near big small red blue green tree house river hill "
-    "sun moon day night is was and or not fast slow quiet loud happy sad cold warm old new"
-).split()
+WORDS = [
+    *("the", "a", "cat", "dog", "bird", "sees", "eats", "runs", "sleeps", "on", "under", "near", "big", "small"),
+    *("red", "blue", "green", "tree", "house", "river", "hill", "sun", "moon", "day", "night", "is", "was", "and"),
+    *("or", "not", "fast", "slow", "quiet", "loud", "happy", "sad", "cold", "warm", "old", "new"),
+]
 SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
 SEQ_LEN = 16
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import lightning_alias  # noqa: E402
+import lightning_alias
 
 lightning_alias.install()
 

@@ -166,7 +166,10 @@ SUPPORTED: list[tuple[str, str]] = [
     ("fabric.utilities.exceptions", "MisconfigurationException"),
     ("fabric.utilities.cloud_io", "get_filesystem"),
     ("fabric.utilities.cloud_io", "_load"),
-    *(("fabric.utilities.load", n) for n in ("_lazy_load", "_materialize_tensors", "_load_distributed_checkpoint", "_NotYetLoadedTensor")),
+    *(
+        ("fabric.utilities.load", n)
+        for n in ("_lazy_load", "_materialize_tensors", "_load_distributed_checkpoint", "_NotYetLoadedTensor")
+    ),
     *(
         ("fabric.utilities.imports", n)
         for n in (

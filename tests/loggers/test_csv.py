@@ -29,12 +29,20 @@ def test_writes_rows_with_step_column(tmp_path: Path) -> None:
     assert rows == [{"loss": "0.5", "step": "0"}, {"loss": "0.25", "step": "1"}]
 
 
-def test_default_step_counts_rows_across_flushes(tmp_path: Path) -> None:
+def test_default_step_is_the_rows_buffered_since_the_last_write_as_in_lightning(tmp_path: Path) -> None:
+    # Lightning's CSVLogger: `step = len(self.experiment.metrics)`, the rows not written yet (litgpt logs its final
+    # validation loss without a step after writing every row, and gets step 0 in Lightning's file).
     logger = CSVLogger(tmp_path, flush_logs_every_n_steps=1)
     for value in (1, 2, 3):
         logger.log_metrics({"a": value})
+    buffered = CSVLogger(tmp_path / "buffered", flush_logs_every_n_steps=10)
+    for value in (1, 2, 3):
+        buffered.log_metrics({"a": value})
+    buffered.save()
     _, rows = _read(Path(logger.log_dir) / "metrics.csv")
-    assert [row["step"] for row in rows] == ["0", "1", "2"]
+    _, buffered_rows = _read(Path(buffered.log_dir) / "metrics.csv")
+    assert [row["step"] for row in rows] == ["0", "0", "0"]
+    assert [row["step"] for row in buffered_rows] == ["0", "1", "2"]
 
 
 def test_new_key_widens_header_without_losing_rows(tmp_path: Path) -> None:
