@@ -1,0 +1,72 @@
+"""Set up a model for PipelineStrategy: cut it, keep this process's stages, and build their torch schedule.
+
+Imports torch.distributed.pipelining, so the strategy imports this module only when a model is set up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from fabric.strategies.pipeline import schedules
+from fabric.strategies.pipeline.runtime import PipelineModule, ScheduleRunner, StageModule
+from fabric.strategies.pipeline.stages import plan_stages, prune
+
+if TYPE_CHECKING:
+    from fabric.strategies.pipeline.strategy import PipelineStrategy
+
+
+def pipeline_module(strategy: PipelineStrategy, module: Module) -> PipelineModule:
+    """Cut `module` into stages, keep this process's in place (the rest is dropped), and schedule them."""
+    from torch.distributed.pipelining import PipelineStage
+
+    plan = plan_stages(module, strategy._split_points, type(strategy).__name__)
+    kind, count = strategy._schedule, len(plan.stages)
+    size, rank = strategy.pipeline_size, strategy.pipeline_rank
+    mine = schedules.local_stages(kind, count, size, rank)
+    keeps = [set(plan.stages[index]) for index in mine]
+    # Each stage is a copy of the cut modules that shares the whole ones with the model; then the model itself
+    # drops what other processes run, so that its parameters, state dict and memory are this process's share.
+    shells = [prune(module, keep, plan.cut) for keep in keeps]
+    prune(module, set().union(*keeps), plan.cut, in_place=True)
+    device = strategy.root_device
+    module.to(device)
+    for shell in shells:
+        shell.to(device)  # a copied cut module holds its own references to its buffers
+    precision = strategy.precision
+    runs = [StageModule(shell, index, count, precision) for shell, index in zip(shells, mine, strict=True)]
+    wrapped = [strategy._replicate(run) for run in runs]
+    stages = [
+        PipelineStage(run, index, count, device, group=strategy._group)
+        for run, index in zip(wrapped, mine, strict=True)
+    ]
+    last_owner = schedules.local_stages_owner(kind, count, size, count - 1)
+    runner = ScheduleRunner(
+        schedule=None,
+        microbatches=strategy._microbatches,
+        holds_first=0 in mine,
+        holds_last=count - 1 in mine,
+        last_rank=strategy.data_parallel_rank * size + last_owner,
+        group=strategy._group,
+        device=device,
+        precision=precision,
+        loss_fn=strategy._loss_fn,
+    )
+    schedule_cls = schedules.schedule_class(kind)
+    runner.schedule = schedule_cls(
+        stages if kind.multi else stages[0], n_microbatches=strategy._microbatches, loss_fn=runner.loss
+    )
+    return PipelineModule(wrapped, runner)
+
+
+def keep_local_parameters(optimizer: Optimizer, module: Module) -> None:
+    """Drop from the optimizer the parameters of stages that run on other processes (the module no longer has
+    them), so that it neither steps nor keeps state for them."""
+    local = {id(p) for p in module.parameters()}
+    for group in optimizer.param_groups:
+        dropped = [p for p in group["params"] if id(p) not in local]
+        group["params"] = [p for p in group["params"] if id(p) in local]
+        for param in dropped:
+            optimizer.state.pop(param, None)

@@ -1,0 +1,181 @@
+"""PipelineStrategy on 2 CPU ranks: GPipe, 1F1B and Interleaved1F1B against one-process training, plus bad input.
+
+Usage: python pipeline_train.py OUTDIR
+Each rank writes OUTDIR/rank{N}.pt: check name -> what this rank observed (or {"error": traceback}); the 1F1B check
+also saves OUTDIR/ckpt, which the test loads whole in its own process.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from _it_common import outdir_from_argv
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from fabric import Fabric
+from fabric.strategies import PipelineStrategy
+
+VOCAB, DIM, SEQ, BATCH, STEPS = 16, 8, 6, 8, 3
+
+
+class Block(nn.Module):
+    """A pre-norm residual MLP block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.mlp = nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+class TinyGPT(nn.Module):
+    """The usual layout: embedding, a ModuleList of blocks, final norm and head; skips what another stage runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.blocks = nn.ModuleList(Block() for _ in range(4))
+        self.norm = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens) if self.embed is not None else tokens
+        for block in self.blocks:
+            h = block(h)
+        h = self.norm(h) if self.norm is not None else h
+        return self.head(h) if self.head is not None else h
+
+
+def make_sequential() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def make_gpt() -> nn.Module:
+    torch.manual_seed(0)
+    return TinyGPT()
+
+
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(output, target)
+
+
+def token_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def regression_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 4, generator=g)) for _ in range(STEPS)]
+
+
+def token_loader() -> DataLoader:
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, VOCAB, (BATCH * STEPS, SEQ + 1), generator=g)
+    return DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=BATCH)
+
+
+def train(fabric: Fabric | None, model: Any, optimizer: Any, batches: Any, loss_fn: Callable, clip: bool) -> Any:
+    """Fabric's pipeline loop, or (fabric=None) plain one-process training on the same batches."""
+    losses, norms = [], []
+    for x, y in batches:
+        if fabric is not None:
+            loss = fabric.pipeline_step(model, x, target=y)
+            norm = fabric.clip_gradients(model, optimizer, max_norm=0.5) if clip else None
+        else:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5) if clip else None
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach().clone())
+        norms.append(norm)
+    return {"losses": losses, "norms": norms, "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def compare(
+    make: Callable[[], nn.Module], split: list[str], schedule: str, loss_fn: Callable, batches: Any, clip: bool
+) -> tuple[Fabric, Any, Any, dict[str, Any]]:
+    strategy = PipelineStrategy(split_points=split, schedule=schedule, microbatches=4, loss_fn=loss_fn)
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
+    fabric.launch()
+    model = make()
+    model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    result = train(fabric, model, optimizer, batches, loss_fn, clip)
+    reference = make()
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    expected = train(None, reference, ref_optimizer, batches, loss_fn, clip)
+    momentum = {n: ref_optimizer.state[p]["momentum_buffer"].clone() for n, p in reference.named_parameters()}
+    return fabric, model, optimizer, {"fabric": result, "reference": expected, "momentum": momentum}
+
+
+def gpipe_sequential(outdir: Path) -> Any:
+    return compare(make_sequential, ["2"], "GPipe", mse, regression_batches(), clip=False)[3]
+
+
+def one_f_one_b_gpt(outdir: Path) -> Any:
+    fabric, model, optimizer, result = compare(make_gpt, ["blocks.2"], "1F1B", token_loss, list(token_loader()), True)
+    fabric.save(outdir / "ckpt", {"model": model, "optimizer": optimizer, "step": STEPS})
+    return result
+
+
+def interleaved_gpt(outdir: Path) -> Any:
+    split = ["blocks.1", "blocks.2", "blocks.3"]  # 4 stages, 2 per rank
+    return compare(make_gpt, split, "interleaved1f1b", token_loss, list(token_loader()), clip=True)[3]
+
+
+def loader_and_bad_input(outdir: Path) -> Any:
+    strategy = PipelineStrategy(split_points=["2"], schedule="1F1B", microbatches=4, loss_fn=mse)
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
+    fabric.launch()
+    model = fabric.setup(make_sequential())
+    batches = [x for x, _ in fabric.setup_dataloaders(token_loader())]
+    raised: dict[str, str] = {}
+    attempts = {
+        "indivisible": lambda: fabric.pipeline_step(model, torch.randn(6, 8), target=torch.randn(6, 4)),
+        "backward": lambda: fabric.backward(torch.ones((), requires_grad=True)),
+        "forward": lambda: model(torch.randn(8, 8)),
+    }
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+        except (RuntimeError, ValueError, TypeError) as err:
+            raised[name] = f"{type(err).__name__}: {err}"
+    # The strategy still works after refusing: a good step follows.
+    x, y = regression_batches()[0]
+    loss = fabric.pipeline_step(model, x, target=y)
+    return {"batches": batches, "raised": raised, "loss_after": float(loss)}
+
+
+CHECKS: dict[str, Callable[[Path], Any]] = {
+    "gpipe_sequential": gpipe_sequential,
+    "1f1b_gpt": one_f_one_b_gpt,
+    "interleaved_gpt": interleaved_gpt,
+    "loader_and_bad_input": loader_and_bad_input,
+}
+
+
+def main() -> None:
+    outdir = outdir_from_argv()
+    base = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    base.launch()
+    results: dict[str, Any] = {}
+    for name, check in CHECKS.items():
+        try:
+            results[name] = check(outdir)
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+        base.barrier()
+    torch.save(results, outdir / f"rank{base.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    main()
