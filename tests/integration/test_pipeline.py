@@ -111,3 +111,56 @@ def test_bad_input_raises_on_every_rank_without_a_hang(
     for check in _check(results, "loader_and_bad_input"):
         assert re.match(message, check["raised"][attempt]), check["raised"]
         assert check["loss_after"] > 0  # and the next good step still runs on both ranks
+
+
+# -- data_parallel_size=2 on 4 ranks: replicas 0 (ranks 0, 1) and 1 (ranks 2, 3) of a 2-process pipeline -------------
+@pytest.fixture(scope="module")
+def dp_outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pipeline_dp")
+    run = runner.run_script("pipeline_dp.py", str(path), timeout=240)
+    assert run.returncode == 0, run.output
+    return path
+
+
+@pytest.fixture(scope="module")
+def dp_results(dp_outdir: Path) -> list[dict[str, Any]]:
+    return [torch.load(dp_outdir / f"rank{rank}.pt", weights_only=False) for rank in range(4)]
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved_accumulating"])
+def test_data_parallel_matches_one_process_training_on_the_global_batch(
+    dp_results: list[dict[str, Any]], name: str
+) -> None:
+    checks = _check(dp_results, name)
+    for check in checks:
+        for got, expected in [*check["losses"], *check["norms"]]:
+            torch.testing.assert_close(got, expected, **TOL)
+    for replica in (checks[:2], checks[2:]):
+        weights = {**replica[0]["weights"], **replica[1]["weights"]}
+        assert weights.keys() == checks[0]["reference"].keys()
+        for key, value in checks[0]["reference"].items():
+            torch.testing.assert_close(weights[key], value, **TOL, msg=key)
+
+
+def test_no_backward_sync_keeps_each_replicas_own_gradients(dp_results: list[dict[str, Any]]) -> None:
+    checks = _check(dp_results, "interleaved_accumulating")
+    assert len(checks[0]["unsynced"]) == STEPS - 1
+    for ours, theirs in zip(checks[0]["unsynced"], checks[2]["unsynced"], strict=True):
+        assert not torch.allclose(ours, theirs)  # rank 2 holds the same stage for the other half of the batch
+
+
+def test_data_parallel_loader_shards_by_replica_only(dp_results: list[dict[str, Any]]) -> None:
+    batches = [check["batches"] for check in _check(dp_results, "loader")]
+    for a, b in ((0, 1), (2, 3)):  # the stages of one replica read the same batches
+        assert all(torch.equal(x, y) for x, y in zip(batches[a], batches[b], strict=True))
+    seen = torch.cat([*batches[0], *batches[2]])
+    assert sorted(seen.tolist()) == list(range(32))
+
+
+def test_data_parallel_checkpoint_loads_whole_in_one_process(dp_results: list[dict[str, Any]], dp_outdir: Path) -> None:
+    reference = _check(dp_results, "1f1b")[0]["reference"]
+    fabric = Fabric(accelerator="cpu", devices=1)
+    model = fabric.setup(make_gpt())
+    fabric.load(dp_outdir / "ckpt", {"model": model}, strict=False)
+    for key, value in reference.items():
+        torch.testing.assert_close(model.state_dict()[key], value, **TOL, msg=key)

@@ -56,7 +56,10 @@ def pipeline_module(strategy: PipelineStrategy, module: Module) -> PipelineModul
     )
     schedule_cls = schedules.schedule_class(kind)
     runner.schedule = schedule_cls(
-        stages if kind.multi else stages[0], n_microbatches=strategy._microbatches, loss_fn=runner.loss
+        stages if kind.multi else stages[0],
+        n_microbatches=strategy._microbatches,
+        loss_fn=runner.loss,
+        scale_grads=False,  # runner.loss divides by the number of microbatches
     )
     return PipelineModule(wrapped, runner)
 

@@ -3,7 +3,8 @@ schedule and refuses a plain forward."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -92,10 +93,30 @@ class ScheduleRunner:
         self._loss_fn = loss_fn
         self._with_target = True
 
+    @contextmanager
+    def unsynced(self) -> Iterator[None]:
+        """Run the stages without their DDP wrappers: torch's stages all-reduce a DDP stage at its last microbatch,
+        and a plain module is never synchronised."""
+        stages = self.schedule._stages if hasattr(self.schedule, "_stages") else [self.schedule._stage]
+        replicated = [
+            (stage, stage.submod) for stage in stages if isinstance(getattr(stage.submod, "module", None), nn.Module)
+        ]
+        for stage, wrapper in replicated:
+            stage.submod = wrapper.module
+        try:
+            yield
+        finally:
+            for stage, wrapper in replicated:
+                stage.submod = wrapper
+
     def loss(self, output: Any, target: Any) -> Tensor:
-        """The schedule's loss function: the user's, on outputs in the default dtype; without target if none."""
+        """The schedule's loss function: the user's (without target if none) on outputs in the default dtype, over
+        the number of microbatches, so that the gradients add up to those of the batch's mean loss."""
         output = self._precision.convert_output(output)
-        return self._loss_fn(output, target) if self._with_target else self._loss_fn(output)
+        loss = self._loss_fn(output, target) if self._with_target else self._loss_fn(output)
+        # Scaled here rather than by the schedule (scale_grads=False): torch divides the whole `.grad` after each
+        # step, which would shrink gradients accumulated over earlier steps again (no_backward_sync).
+        return loss / self.microbatches
 
     def step(self, inputs: tuple[Any, ...], target: Any) -> Tensor:
         """Forward and backward over the microbatches; the mean loss, as a 0-dim float tensor on every rank."""
@@ -107,7 +128,7 @@ class ScheduleRunner:
         losses: list[Tensor] = []
         self.schedule.step(*args, target=target if self.holds_last else None, losses=losses, return_outputs=False)
         if self.holds_last:
-            loss = torch.stack([value.detach().float() for value in losses]).mean()
+            loss = torch.stack([value.detach().float() for value in losses]).sum()  # each is already divided
         else:
             loss = torch.zeros((), dtype=torch.float32, device=self._device)
         if dist.get_world_size(self._group) > 1:

@@ -265,5 +265,11 @@ class PipelineStrategy(ParallelStrategy):
             sharded.save_sharded(path, state, filter, self.world_size, self.global_rank, self.barrier)
 
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
-        """One pipeline replica has no gradients to synchronise; accumulation just adds up steps."""
-        return nullcontext()
+        """Accumulate this replica's gradients without averaging them over the replicas (none with one replica)."""
+        runner = getattr(module, "_runner", None)
+        if runner is None:
+            raise FabricTypeError(
+                f"no_backward_sync({type(module).__name__}): expected the model that fabric.setup() returned under "
+                f"{type(self).__name__}. Pass that model."
+            )
+        return runner.unsynced() if enabled and self._mesh is not None else nullcontext()
