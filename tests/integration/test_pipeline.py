@@ -8,6 +8,7 @@ one full-batch loss. The 1F1B run's checkpoint is loaded here, whole, in one pro
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,6 @@ def test_every_stage_reads_the_same_batches(results: list[dict[str, Any]]) -> No
 def test_bad_input_raises_on_every_rank_without_a_hang(
     results: list[dict[str, Any]], attempt: str, message: str
 ) -> None:
-    import re
 
     for check in _check(results, "loader_and_bad_input"):
         assert re.match(message, check["raised"][attempt]), check["raised"]
@@ -164,3 +164,20 @@ def test_data_parallel_checkpoint_loads_whole_in_one_process(dp_results: list[di
     fabric.load(dp_outdir / "ckpt", {"model": model}, strict=False)
     for key, value in reference.items():
         torch.testing.assert_close(model.state_dict()[key], value, **TOL, msg=key)
+
+
+def test_checkpoint_resumes_in_another_split(results: list[dict[str, Any]]) -> None:
+    saved = _check(results, "1f1b_gpt")[0]
+    weights: dict[str, torch.Tensor] = {}
+    momentum: dict[str, torch.Tensor] = {}
+    for check in _check(results, "resume_in_another_split"):
+        assert check["remainder"] == {"step": STEPS}
+        weights.update(check["weights"])
+        momentum.update(check["momentum"])
+        # Both ranks see the whole model's names: blocks.3 is missing from the smaller model on rank 1 only.
+        assert re.search(r"does not match the whole model .* unexpected \['blocks\.3\.", check["mismatch"])
+    assert weights.keys() == saved["reference"]["weights"].keys()
+    for key, value in saved["reference"]["weights"].items():
+        torch.testing.assert_close(weights[key], value, **TOL, msg=key)
+        if key in saved["momentum"]:
+            torch.testing.assert_close(momentum[key], saved["momentum"][key], **TOL, msg=key)

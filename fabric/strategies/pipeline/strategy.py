@@ -264,6 +264,28 @@ class PipelineStrategy(ParallelStrategy):
         with self._collective("save"):
             sharded.save_sharded(path, state, filter, self.world_size, self.global_rank, self.barrier)
 
+    def load_checkpoint(
+        self,
+        path: str | Path,
+        state: dict[str, Any] | Module | Optimizer | None = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Each process reads its stages' entries of a sharded checkpoint, whichever split or replicas saved it."""
+        from fabric.checkpoint import sharded
+        from fabric.strategies.pipeline import checkpoint
+
+        if state is None or not sharded.is_sharded_checkpoint(path):
+            checkpoint.refuse_full_file(path, state, type(self).__name__)
+            return super().load_checkpoint(path, state, strict, weights_only)
+        if not isinstance(state, dict):
+            raise FabricTypeError(
+                f"load({str(path)!r}, {type(state).__name__}) under {type(self).__name__}: a pipeline loads a "
+                "checkpoint by its entries. Pass a dict such as {'model': model, 'optimizer': optimizer}."
+            )
+        with self._collective("load"):
+            return checkpoint.load(path, state, strict, weights_only)
+
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager:
         """Accumulate this replica's gradients without averaging them over the replicas (none with one replica)."""
         runner = getattr(module, "_runner", None)

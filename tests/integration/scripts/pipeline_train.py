@@ -132,6 +132,27 @@ def interleaved_gpt(outdir: Path) -> Any:
     return compare(make_gpt, split, "interleaved1f1b", token_loss, list(token_loader()), clip=True)[3]
 
 
+def resume_in_another_split(outdir: Path) -> Any:
+    """The 1F1B checkpoint (split at blocks.2) into a GPipe pipeline split at blocks.1; then a model it does not fit."""
+    strategy = PipelineStrategy(split_points=["blocks.1"], schedule="GPipe", microbatches=4, loss_fn=token_loss)
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
+    fabric.launch()
+    model = make_gpt()
+    model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    remainder = fabric.load(outdir / "ckpt", {"model": model, "optimizer": optimizer})
+    momentum = {n: optimizer.state[p]["momentum_buffer"].clone() for n, p in model.module.named_parameters()}
+    smaller = make_gpt()
+    del smaller.blocks[3]
+    smaller = fabric.setup(smaller)
+    try:
+        fabric.load(outdir / "ckpt", {"model": smaller})
+        mismatch = ""
+    except RuntimeError as err:
+        mismatch = str(err)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    return {"remainder": remainder, "weights": weights, "momentum": momentum, "mismatch": mismatch}
+
+
 def loader_and_bad_input(outdir: Path) -> Any:
     strategy = PipelineStrategy(split_points=["2"], schedule="1F1B", microbatches=4, loss_fn=mse)
     fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
@@ -158,6 +179,7 @@ def loader_and_bad_input(outdir: Path) -> Any:
 CHECKS: dict[str, Callable[[Path], Any]] = {
     "gpipe_sequential": gpipe_sequential,
     "1f1b_gpt": one_f_one_b_gpt,
+    "resume_in_another_split": resume_in_another_split,
     "interleaved_gpt": interleaved_gpt,
     "loader_and_bad_input": loader_and_bad_input,
 }
