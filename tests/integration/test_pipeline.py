@@ -181,3 +181,19 @@ def test_checkpoint_resumes_in_another_split(results: list[dict[str, Any]]) -> N
         torch.testing.assert_close(weights[key], value, **TOL, msg=key)
         if key in saved["momentum"]:
             torch.testing.assert_close(momentum[key], saved["momentum"][key], **TOL, msg=key)
+
+
+def test_bf16_mixed_autocasts_every_stage(results: list[dict[str, Any]]) -> None:
+    rank0, rank1 = _check(results, "bf16_mixed")
+    assert rank0["dtypes"] == ["torch.bfloat16"] and rank1["dtypes"] == ["torch.bfloat16"]
+    for check in (rank0, rank1):
+        assert check["loss"].dtype == torch.float32
+        torch.testing.assert_close(check["loss"], check["reference"], rtol=0, atol=3e-2)
+
+
+def test_meta_init_allocates_only_each_ranks_stage(results: list[dict[str, Any]]) -> None:
+    rank0, rank1 = _check(results, "meta_init")
+    for check in (rank0, rank1):
+        assert check["on_meta"] and check["finite"] and check["loss"] > 0
+    assert rank0["names"][0] == "blocks.0.mlp.0.bias" and "head.weight" in rank1["names"]
+    assert not set(rank0["names"]) & set(rank1["names"])

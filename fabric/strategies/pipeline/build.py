@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from torch.nn import Module
 from torch.optim import Optimizer
 
@@ -27,14 +28,12 @@ def pipeline_module(strategy: PipelineStrategy, module: Module) -> PipelineModul
     size, rank = strategy.pipeline_size, strategy.pipeline_rank
     mine = schedules.local_stages(kind, count, size, rank)
     keeps = [set(plan.stages[index]) for index in mine]
-    # Each stage is a copy of the cut modules that shares the whole ones with the model; then the model itself
-    # drops what other processes run, so that its parameters, state dict and memory are this process's share.
-    shells = [prune(module, keep, plan.cut) for keep in keeps]
+    # The model itself drops what other processes run, so that its parameters, state dict and memory are this
+    # process's share; each stage is then a copy of the cut modules that shares the whole ones with the model.
     prune(module, set().union(*keeps), plan.cut, in_place=True)
     device = strategy.root_device
-    module.to(device)
-    for shell in shells:
-        shell.to(device)  # a copied cut module holds its own references to its buffers
+    _materialize(module, device)
+    shells = [prune(module, keep, plan.cut) for keep in keeps]
     precision = strategy.precision
     runs = [StageModule(shell, index, count, precision) for shell, index in zip(shells, mine, strict=True)]
     wrapped = [strategy._replicate(run) for run in runs]
@@ -62,6 +61,19 @@ def pipeline_module(strategy: PipelineStrategy, module: Module) -> PipelineModul
         scale_grads=False,  # runner.loss divides by the number of microbatches
     )
     return PipelineModule(wrapped, runner)
+
+
+def _materialize(module: Module, device: torch.device) -> None:
+    """Move this process's share to its device; created under init_module(empty_init=True), allocate it there and
+    initialise it with each submodule's reset_parameters() (the whole model never exists anywhere)."""
+    if not any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+        module.to(device)
+        return
+    module.to_empty(device=device)
+    for submodule in module.modules():
+        reset = getattr(submodule, "reset_parameters", None)
+        if callable(reset):
+            reset()
 
 
 def keep_local_parameters(optimizer: Optimizer, module: Module) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,6 +167,14 @@ class PipelineStrategy(ParallelStrategy):
             self._group = self._mesh["pipeline"].get_group()
 
     # -- modules and optimizers -----------------------------------------------------------------------------
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
+        """Create the model on the CPU, or with empty_init=True on the meta device (setup allocates this process's
+        stages on its device): never the whole model on every accelerator."""
+        stack = ExitStack()
+        stack.enter_context(torch.device("meta" if empty_init else "cpu"))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
     def module_to_device(self, module: Module) -> None:
         """Nothing yet: setup moves only this process's stages, so the whole model never has to fit on one device."""
 

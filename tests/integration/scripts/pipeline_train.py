@@ -153,6 +153,36 @@ def resume_in_another_split(outdir: Path) -> Any:
     return {"remainder": remainder, "weights": weights, "momentum": momentum, "mismatch": mismatch}
 
 
+def bf16_mixed(outdir: Path) -> Any:
+    """Autocast runs inside every stage; the loss function gets float32 outputs."""
+    strategy = PipelineStrategy(split_points=["2"], schedule="GPipe", microbatches=4, loss_fn=mse)
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="bf16-mixed")
+    fabric.launch()
+    model = make_sequential()
+    dtypes: list[torch.dtype] = []
+    for layer in (model[0], model[4]):
+        layer.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    model = fabric.setup(model)
+    x, y = regression_batches()[0]
+    loss = fabric.pipeline_step(model, x, target=y)
+    return {"loss": loss, "reference": mse(make_sequential()(x), y), "dtypes": sorted(set(map(str, dtypes)))}
+
+
+def meta_init(outdir: Path) -> Any:
+    """init_module(empty_init=True): no rank ever holds the whole model; each initialises its own stage."""
+    strategy = PipelineStrategy(split_points=["blocks.2"], schedule="1F1B", microbatches=4, loss_fn=token_loss)
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
+    fabric.launch()
+    with fabric.init_module(empty_init=True):
+        model = TinyGPT()
+    on_meta = all(p.is_meta for p in model.parameters())
+    model = fabric.setup(model)
+    x, y = next(iter(token_loader()))
+    loss = fabric.pipeline_step(model, x, target=y)
+    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return {"on_meta": on_meta, "finite": finite, "loss": float(loss), "names": sorted(model.state_dict())}
+
+
 def loader_and_bad_input(outdir: Path) -> Any:
     strategy = PipelineStrategy(split_points=["2"], schedule="1F1B", microbatches=4, loss_fn=mse)
     fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
@@ -181,6 +211,8 @@ CHECKS: dict[str, Callable[[Path], Any]] = {
     "1f1b_gpt": one_f_one_b_gpt,
     "resume_in_another_split": resume_in_another_split,
     "interleaved_gpt": interleaved_gpt,
+    "bf16_mixed": bf16_mixed,
+    "meta_init": meta_init,
     "loader_and_bad_input": loader_and_bad_input,
 }
 
