@@ -18,6 +18,7 @@ import torch
 from pipeline_train import STEPS, make_gpt
 
 from fabric import Fabric
+from fabric.checkpoint.sharded import consolidate
 
 pytestmark = pytest.mark.multiprocess
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -42,9 +43,15 @@ def _check(results: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [result[name] for result in results]
 
 
-@pytest.mark.parametrize("name", ["gpipe_sequential", "1f1b_gpt", "interleaved_gpt"])
+@pytest.mark.parametrize(
+    "name",
+    ["gpipe_sequential", "1f1b_gpt", "interleaved_gpt", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"],
+)
 def test_matches_one_process_training(results: list[dict[str, Any]], name: str) -> None:
-    checks = _check(results, name)
+    if name[0].isupper():
+        checks = [check[name] for check in _check(results, "other_schedules")]
+    else:
+        checks = _check(results, name)
     reference = checks[0]["reference"]
     weights: dict[str, torch.Tensor] = {}
     for rank, check in enumerate(checks):
@@ -87,6 +94,8 @@ def test_checkpoint_loads_whole_in_one_process(results: list[dict[str, Any]], ou
         torch.testing.assert_close(model.state_dict()[key], value, **TOL, msg=key)
     for name, param in model.module.named_parameters():
         torch.testing.assert_close(optimizer.state[param]["momentum_buffer"], check["momentum"][name], **TOL)
+    consolidated = consolidate(outdir / "ckpt")  # what `fabric consolidate` writes: one dict, full tensors
+    assert consolidated["model"].keys() == check["reference"]["weights"].keys() and consolidated["step"] == STEPS
 
 
 def test_every_stage_reads_the_same_batches(results: list[dict[str, Any]]) -> None:
@@ -100,6 +109,7 @@ def test_every_stage_reads_the_same_batches(results: list[dict[str, Any]]) -> No
     ("attempt", "message"),
     [
         ("indivisible", r"FabricValueError: .*batch size 6 .* PipelineStrategy\(microbatches=4\)"),
+        ("too_few_microbatches", r"FabricValueError: PipelineStrategy\(schedule='1F1B', microbatches=1\) with 2 "),
         ("backward", r"RuntimeError: fabric.backward\(loss\) under PipelineStrategy.*fabric.pipeline_step"),
         ("forward", r"RuntimeError: model\(\.\.\.\) under PipelineStrategy.*fabric.pipeline_step"),
     ],

@@ -14,6 +14,7 @@ from torch.optim import Optimizer
 from fabric.strategies.pipeline import schedules
 from fabric.strategies.pipeline.runtime import PipelineModule, ScheduleRunner, StageModule
 from fabric.strategies.pipeline.stages import plan_stages, prune
+from fabric.utilities.exceptions import FabricValueError
 
 if TYPE_CHECKING:
     from fabric.strategies.pipeline.strategy import PipelineStrategy
@@ -54,12 +55,19 @@ def pipeline_module(strategy: PipelineStrategy, module: Module) -> PipelineModul
         loss_fn=strategy._loss_fn,
     )
     schedule_cls = schedules.schedule_class(kind)
-    runner.schedule = schedule_cls(
-        stages if kind.multi else stages[0],
-        n_microbatches=strategy._microbatches,
-        loss_fn=runner.loss,
-        scale_grads=False,  # runner.loss divides by the number of microbatches
-    )
+    try:
+        runner.schedule = schedule_cls(
+            stages if kind.multi else stages[0],
+            n_microbatches=strategy._microbatches,
+            loss_fn=runner.loss,
+            scale_grads=False,  # runner.loss divides by the number of microbatches
+        )
+    except ValueError as err:  # torch's own limits of a schedule (the same on every process)
+        raise FabricValueError(
+            f"{type(strategy).__name__}(schedule={kind.name!r}, microbatches={strategy._microbatches}) with "
+            f"{count} stages on {size} pipeline processes: torch's schedule refuses this layout: {err} Choose "
+            "microbatches (or a schedule) that it accepts."
+        ) from err
     return PipelineModule(wrapped, runner)
 
 

@@ -121,6 +121,13 @@ def gpipe_sequential(outdir: Path) -> Any:
     return compare(make_sequential, ["2"], "GPipe", mse, regression_batches(), clip=False)[3]
 
 
+def other_schedules(outdir: Path) -> Any:
+    """The remaining multi-stage schedules, 4 stages of the Sequential on 2 ranks."""
+    batches = regression_batches()
+    return {name: compare(make_sequential, ["1", "2", "3"], name, mse, batches, clip=False)[3]
+            for name in ("LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble")}  # fmt: skip
+
+
 def one_f_one_b_gpt(outdir: Path) -> Any:
     fabric, model, optimizer, result = compare(make_gpt, ["blocks.2"], "1F1B", token_loss, list(token_loader()), True)
     fabric.save(outdir / "ckpt", {"model": model, "optimizer": optimizer, "step": STEPS})
@@ -190,7 +197,11 @@ def loader_and_bad_input(outdir: Path) -> Any:
     model = fabric.setup(make_sequential())
     batches = [x for x, _ in fabric.setup_dataloaders(token_loader())]
     raised: dict[str, str] = {}
+    too_few = PipelineStrategy(split_points=["2"], schedule="1F1B", microbatches=1, loss_fn=mse)
+    fabric_too_few = Fabric(accelerator="cpu", devices=2, strategy=too_few)
+    fabric_too_few.launch()
     attempts = {
+        "too_few_microbatches": lambda: fabric_too_few.setup(make_sequential()),
         "indivisible": lambda: fabric.pipeline_step(model, torch.randn(6, 8), target=torch.randn(6, 4)),
         "backward": lambda: fabric.backward(torch.ones((), requires_grad=True)),
         "forward": lambda: model(torch.randn(8, 8)),
@@ -211,6 +222,7 @@ CHECKS: dict[str, Callable[[Path], Any]] = {
     "1f1b_gpt": one_f_one_b_gpt,
     "resume_in_another_split": resume_in_another_split,
     "interleaved_gpt": interleaved_gpt,
+    "other_schedules": other_schedules,
     "bf16_mixed": bf16_mixed,
     "meta_init": meta_init,
     "loader_and_bad_input": loader_and_bad_input,
