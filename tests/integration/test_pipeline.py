@@ -120,7 +120,14 @@ def test_bad_input_raises_on_every_rank_without_a_hang(
 
     for check in _check(results, "loader_and_bad_input"):
         assert re.match(message, check["raised"][attempt]), check["raised"]
-        assert check["loss_after"] > 0  # and the next good step still runs on both ranks
+        # The next good step still runs on both ranks.
+        torch.testing.assert_close(check["loss_after"], check["reference"], **TOL)
+
+
+def test_pipeline_step_under_no_grad_evaluates_without_gradients(results: list[dict[str, Any]]) -> None:
+    for check in _check(results, "loader_and_bad_input"):
+        torch.testing.assert_close(check["eval_loss"], check["reference"], **TOL)
+        assert check["no_grads"]
 
 
 # -- data_parallel_size=2 on 4 ranks: replicas 0 (ranks 0, 1) and 1 (ranks 2, 3) of a 2-process pipeline -------------

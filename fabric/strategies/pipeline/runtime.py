@@ -119,14 +119,19 @@ class ScheduleRunner:
         return loss / self.microbatches
 
     def step(self, inputs: tuple[Any, ...], target: Any) -> Tensor:
-        """Forward and backward over the microbatches; the mean loss, as a 0-dim float tensor on every rank."""
+        """Forward and backward over the microbatches (forward only under torch.no_grad()); the mean loss, as a
+        0-dim float tensor on every rank."""
         check_batch(inputs, target, self.microbatches)
         self._with_target = target is not None
         if target is None:  # torch's schedules index a target per microbatch: give them a stand-in
             target = torch.zeros(_batch_size(inputs), device=self._device)
         args = self._precision.convert_input(inputs) if self.holds_first else ()
         losses: list[Tensor] = []
-        self.schedule.step(*args, target=target if self.holds_last else None, losses=losses, return_outputs=False)
+        target = target if self.holds_last else None
+        if torch.is_grad_enabled():
+            self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        else:  # under torch.no_grad(): forward only, for evaluation
+            self.schedule.eval(*args, target=target, losses=losses)
         if self.holds_last:
             loss = torch.stack([value.detach().float() for value in losses]).sum()  # each is already divided
         else:

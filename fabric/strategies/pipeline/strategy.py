@@ -25,8 +25,6 @@ from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
-    from fabric.strategies.pipeline.runtime import PipelineModule
-
 
 class PipelineStrategy(ParallelStrategy):
     """Each process runs its stages of the model; `fabric.pipeline_step` runs forward and backward over microbatches.
@@ -85,7 +83,6 @@ class PipelineStrategy(ParallelStrategy):
         self._data_parallel_size = data_parallel_size
         self._group: Any = None  # the pipeline's process group (None: the default group)
         self._mesh: Any = None  # the (data_parallel, pipeline) device mesh, with several replicas
-        self._models: list[PipelineModule] = []
 
     # -- layout ---------------------------------------------------------------------------------------------
     @property
@@ -183,9 +180,7 @@ class PipelineStrategy(ParallelStrategy):
         from fabric.strategies.pipeline import build
 
         with self._collective("setup"):  # with replicas, DDP broadcasts the first one's weights
-            model = build.pipeline_module(self, module)
-        self._models.append(model)
-        return model
+            return build.pipeline_module(self, module)
 
     def setup_module_and_optimizers(
         self, module: Module, optimizers: Iterable[Optimizer]

@@ -213,8 +213,15 @@ def loader_and_bad_input(outdir: Path) -> Any:
             raised[name] = f"{type(err).__name__}: {err}"
     # The strategy still works after refusing: a good step follows.
     x, y = regression_batches()[0]
+    with torch.no_grad():  # evaluation: forward only, no gradients
+        eval_loss = fabric.pipeline_step(model, x, target=y)
+    no_grads = all(p.grad is None for p in model.parameters())
     loss = fabric.pipeline_step(model, x, target=y)
-    return {"batches": batches, "raised": raised, "loss_after": float(loss)}
+    reference = mse(make_sequential()(x), y)
+    return {
+        "batches": batches, "raised": raised, "loss_after": loss, "eval_loss": eval_loss, "no_grads": no_grads,
+        "reference": reference.detach(),
+    }  # fmt: skip
 
 
 CHECKS: dict[str, Callable[[Path], Any]] = {
