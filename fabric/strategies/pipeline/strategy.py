@@ -18,8 +18,6 @@ from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
-from fabric.strategies.pipeline import schedules
-from fabric.strategies.pipeline.stages import check_split_points
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
 
 if TYPE_CHECKING:
@@ -67,6 +65,10 @@ class PipelineStrategy(ParallelStrategy):
             start_method=start_method,
             num_nodes=num_nodes,
         )
+        # Imported here: `import fabric` pays nothing for a strategy that is not used.
+        from fabric.strategies.pipeline import schedules
+        from fabric.strategies.pipeline.stages import check_split_points
+
         name = type(self).__name__
         self._split_points = check_split_points(split_points, name)
         self._schedule = schedules.resolve(schedule, name)
@@ -122,6 +124,8 @@ class PipelineStrategy(ParallelStrategy):
             )
 
     def _check_layout(self) -> None:
+        from fabric.strategies.pipeline import schedules
+
         world, dp, stages = self.world_size, self._data_parallel_size, self.num_stages
         per_rank = schedules.stages_per_rank(self._schedule, stages, world // dp) if world % dp == 0 else None
         if per_rank is not None:
