@@ -144,11 +144,12 @@ def dp_results(dp_outdir: Path) -> list[dict[str, Any]]:
     return [torch.load(dp_outdir / f"rank{rank}.pt", weights_only=False) for rank in range(4)]
 
 
-@pytest.mark.parametrize("name", ["1f1b", "interleaved_accumulating"])
+@pytest.mark.parametrize("name", ["1f1b", "fsdp_1f1b", "interleaved_accumulating"])
 def test_data_parallel_matches_one_process_training_on_the_global_batch(
     dp_results: list[dict[str, Any]], name: str
 ) -> None:
     checks = _check(dp_results, name)
+    assert all(check["sharded"] == name.startswith("fsdp") for check in checks)  # FSDP: DTensor shards
     for check in checks:
         for got, expected in [*check["losses"], *check["norms"]]:
             torch.testing.assert_close(got, expected, **TOL)
@@ -174,11 +175,16 @@ def test_data_parallel_loader_shards_by_replica_only(dp_results: list[dict[str, 
     assert sorted(seen.tolist()) == list(range(32))
 
 
-def test_data_parallel_checkpoint_loads_whole_in_one_process(dp_results: list[dict[str, Any]], dp_outdir: Path) -> None:
-    reference = _check(dp_results, "1f1b")[0]["reference"]
+@pytest.mark.parametrize(("name", "folder"), [("1f1b", "ckpt"), ("fsdp_1f1b", "ckpt_fsdp")])
+def test_data_parallel_checkpoint_loads_whole_in_one_process(
+    dp_results: list[dict[str, Any]], dp_outdir: Path, name: str, folder: str
+) -> None:
+    reference = _check(dp_results, name)[0]["reference"]
     fabric = Fabric(accelerator="cpu", devices=1)
     model = fabric.setup(make_gpt())
-    fabric.load(dp_outdir / "ckpt", {"model": model}, strict=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    fabric.load(dp_outdir / folder, {"model": model, "optimizer": optimizer})
+    assert len(optimizer.state) == len(reference)  # every parameter's momentum, from the stage that held it
     for key, value in reference.items():
         torch.testing.assert_close(model.state_dict()[key], value, **TOL, msg=key)
 

@@ -171,6 +171,7 @@ def test_stage_count_that_does_not_fit_the_devices(kwargs: dict, devices: int, m
         ({"split_points": ["a", "a"]}, ValueError, r"a name appears twice"),
         ({"split_points": ["a"], "microbatches": 0}, ValueError, r"microbatches=0\): expected an int >= 1"),
         ({"split_points": ["a"], "loss_fn": None}, TypeError, r"needs the loss function"),
+        ({"split_points": ["a"], "data_parallel": "zero"}, ValueError, r"data_parallel='zero'\): unknown way"),
     ],
 )
 def test_bad_arguments(kwargs: dict, error: type, message: str) -> None:

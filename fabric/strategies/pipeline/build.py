@@ -84,12 +84,23 @@ def _materialize(module: Module, device: torch.device) -> None:
             reset()
 
 
-def keep_local_parameters(optimizer: Optimizer, module: Module) -> None:
-    """Drop from the optimizer the parameters of stages that run on other processes (the module no longer has
-    them), so that it neither steps nor keeps state for them."""
-    local = {id(p) for p in module.parameters()}
+def keep_local_parameters(optimizer: Optimizer, names: dict[int, str], module: Module, owner: str) -> None:
+    """Let the optimizer hold this process's parameters only: those of other processes' stages are dropped (the
+    module no longer has them), and those that FSDP replaced are swapped for their sharded form, by name."""
+    current = dict(module.named_parameters())
     for group in optimizer.param_groups:
-        dropped = [p for p in group["params"] if id(p) not in local]
-        group["params"] = [p for p in group["params"] if id(p) in local]
-        for param in dropped:
-            optimizer.state.pop(param, None)
+        kept = []
+        for param in group["params"]:
+            new = current.get(names.get(id(param), ""))
+            if new is not None and new is not param and param in optimizer.state:
+                raise RuntimeError(
+                    f"{owner}(data_parallel='fsdp'): fabric.setup(model, {type(optimizer).__name__}) got an optimizer "
+                    "that already has state, but sharding replaces the parameters it belongs to. Create the "
+                    "optimizer after setup: model = fabric.setup_module(model), then "
+                    "optimizer = fabric.setup_optimizers(make_optimizer(model.parameters()))."
+                )
+            if new is None:
+                optimizer.state.pop(param, None)
+            else:
+                kept.append(new)
+        group["params"] = kept

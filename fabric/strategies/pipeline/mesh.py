@@ -1,13 +1,15 @@
 """The 2-D layout of pipeline parallelism with data parallelism: replicas x pipeline stages.
 
 Processes are laid out pipeline-major (global rank = replica x pipeline size + pipeline rank), so the stages of one
-pipeline, which talk at every microbatch, are neighbours; each stage is replicated with DDP over its replicas.
+pipeline, which talk at every microbatch, are neighbours; each stage is kept equal over its replicas with DDP or
+FSDP2.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.nn import Module
 
 if TYPE_CHECKING:
@@ -24,9 +26,20 @@ def build_mesh(strategy: PipelineStrategy) -> Any:
     return init_device_mesh(strategy.root_device.type, sizes, mesh_dim_names=MESH_DIM_NAMES)
 
 
-def replicate(stage: Module, mesh: Any, device: Any) -> Module:
-    """DDP over the stage's replicas; torch's pipeline stages sync it once per step, at the last microbatch."""
-    from torch.nn.parallel import DistributedDataParallel
+def replicate(stage: Module, mesh: Any, device: Any, how: str) -> Module:
+    """Keep a stage equal over its replicas: DDP, or FSDP2 sharding over them. torch's pipeline stages know both:
+    they synchronise once per step, after the last microbatch."""
+    group = mesh["data_parallel"].get_group()
+    if how == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
 
-    device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(stage, device_ids=device_ids, process_group=mesh["data_parallel"].get_group())
+        device_ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(stage, device_ids=device_ids, process_group=group)  # broadcasts replica 0's
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.no_grad():  # replicas start from replica 0's weights, as with DDP
+        for tensor in [*stage.parameters(), *stage.buffers()]:
+            dist.broadcast(tensor, src=dist.get_global_rank(group, 0), group=group)
+    fully_shard(stage, mesh=mesh["data_parallel"])
+    return stage

@@ -35,6 +35,8 @@ class PipelineStrategy(ParallelStrategy):
         microbatches: how many equal parts each batch is split into.
         loss_fn: `loss_fn(output, target)` (or `loss_fn(output)` when no target is passed), averaged per microbatch.
         data_parallel_size: replicas of the whole pipeline that see different batches.
+        data_parallel: how each stage is kept equal across the replicas: "ddp" (replicated, gradients all-reduced)
+            or "fsdp" (FSDP2 `fully_shard` over the replicas: parameters, gradients and optimizer state sharded).
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class PipelineStrategy(ParallelStrategy):
         microbatches: int = 4,
         loss_fn: Callable[..., Tensor] | None = None,
         data_parallel_size: int = 1,
+        data_parallel: str = "ddp",
         accelerator: Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -80,6 +83,12 @@ class PipelineStrategy(ParallelStrategy):
                 f"{name}(loss_fn={loss_fn!r}): the last stage computes the loss of each microbatch, so the strategy "
                 "needs the loss function: pass loss_fn=lambda output, target: ..."
             )
+        if data_parallel not in ("ddp", "fsdp"):
+            raise FabricValueError(
+                f"{name}(data_parallel={data_parallel!r}): unknown way to keep the replicas of a stage equal. Use "
+                "'ddp' (each replica holds the whole stage) or 'fsdp' (the stage's parameters sharded over them)."
+            )
+        self._data_parallel = data_parallel
         self._microbatches = microbatches
         self._loss_fn = loss_fn
         self._data_parallel_size = data_parallel_size
@@ -193,9 +202,10 @@ class PipelineStrategy(ParallelStrategy):
         from fabric.strategies.pipeline import build
 
         optimizers = list(optimizers)
+        names = {id(p): name for name, p in module.named_parameters()}  # fully_shard replaces the parameters
         model = self.setup_module(module)
         for optimizer in optimizers:
-            build.keep_local_parameters(optimizer, module)
+            build.keep_local_parameters(optimizer, names, module, type(self).__name__)
         return model, optimizers
 
     def _replicate(self, stage: Module) -> Module:
@@ -204,7 +214,7 @@ class PipelineStrategy(ParallelStrategy):
             return stage
         from fabric.strategies.pipeline import mesh
 
-        return mesh.replicate(stage, self._mesh, self.root_device)  # DDP broadcasts the first replica's weights
+        return mesh.replicate(stage, self._mesh, self.root_device, self._data_parallel)
 
     def pipeline_step(self, module: Module, inputs: tuple[Any, ...], target: Any) -> Tensor:
         """Run the schedule over the microbatches; the mean loss, the same on every stage of this pipeline."""
@@ -233,7 +243,10 @@ class PipelineStrategy(ParallelStrategy):
 
         self.precision.unscale_gradients(optimizer)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        local = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type).to(self.root_device)
+        local = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type)
+        if hasattr(local, "full_tensor"):  # FSDP: the norm over this stage's shards on all replicas
+            local = local.full_tensor()
+        local = local.to(self.root_device)
         if norm_type == float("inf"):
             dist.all_reduce(local, op=dist.ReduceOp.MAX, group=self._group)
             total = local
@@ -248,7 +261,11 @@ class PipelineStrategy(ParallelStrategy):
                 "so the gradients cannot be clipped. Find where the loss or gradients become inf or nan, or pass "
                 "error_if_nonfinite=False to clip anyway."
             )
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        with torch.no_grad():
+            for param in params:
+                grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+                grad.mul_(coefficient.to(grad.device, grad.dtype))
         return total
 
     # -- checkpoints --------------------------------------------------------------------------------------

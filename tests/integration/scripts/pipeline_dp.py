@@ -30,16 +30,20 @@ def global_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
-def pipeline_fabric(split: list[str], schedule: str) -> Fabric:
-    strategy = PipelineStrategy(split, schedule=schedule, microbatches=4, loss_fn=token_loss, data_parallel_size=DP)
+def pipeline_fabric(split: list[str], schedule: str, how: str = "ddp") -> Fabric:
+    strategy = PipelineStrategy(
+        split, schedule=schedule, microbatches=4, loss_fn=token_loss, data_parallel_size=DP, data_parallel=how
+    )
     fabric = Fabric(accelerator="cpu", devices=4, strategy=strategy)
     fabric.launch()
     return fabric
 
 
-def train(split: list[str], schedule: str, accumulate: int) -> tuple[Fabric, Any, Any, dict[str, Any]]:
+def train(
+    split: list[str], schedule: str, accumulate: int, how: str = "ddp"
+) -> tuple[Fabric, Any, Any, dict[str, Any]]:
     """Fabric's loop on this replica's half; the reference on the whole batch, stepping every `accumulate` batches."""
-    fabric = pipeline_fabric(split, schedule)
+    fabric = pipeline_fabric(split, schedule, how)
     replica = fabric.strategy.data_parallel_rank  # type: ignore[attr-defined]
     model = make_gpt()
     model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
@@ -71,7 +75,8 @@ def train(split: list[str], schedule: str, accumulate: int) -> tuple[Fabric, Any
             "losses": losses,
             "norms": norms,
             "unsynced": unsynced,
-            "weights": {k: v.clone() for k, v in model.state_dict().items()},
+            "weights": {k: _full(v) for k, v in model.state_dict().items()},
+            "sharded": any(hasattr(v, "full_tensor") for v in model.state_dict().values()),
             "reference": {k: v.clone() for k, v in reference.state_dict().items()},
         },
     )
@@ -81,6 +86,17 @@ def one_f_one_b(outdir: Path) -> Any:
     fabric, model, optimizer, result = train(["blocks.2"], "1F1B", accumulate=1)
     fabric.save(outdir / "ckpt", {"model": model, "optimizer": optimizer})
     return result
+
+
+def fsdp_1f1b(outdir: Path) -> Any:
+    # Accumulating over all steps: no_backward_sync skips nothing under FSDP, and the sum must still be right.
+    fabric, model, optimizer, result = train(["blocks.2"], "1F1B", accumulate=STEPS, how="fsdp")
+    fabric.save(outdir / "ckpt_fsdp", {"model": model, "optimizer": optimizer})
+    return result
+
+
+def _full(value: torch.Tensor) -> torch.Tensor:
+    return (value.full_tensor() if hasattr(value, "full_tensor") else value).detach().clone()
 
 
 def interleaved_accumulating(outdir: Path) -> Any:
@@ -95,6 +111,7 @@ def loader(outdir: Path) -> Any:
 
 CHECKS: dict[str, Callable[[Path], Any]] = {
     "1f1b": one_f_one_b,
+    "fsdp_1f1b": fsdp_1f1b,
     "interleaved_accumulating": interleaved_accumulating,
     "loader": loader,
 }
