@@ -130,6 +130,11 @@ def test_pipeline_step_under_no_grad_evaluates_without_gradients(results: list[d
         assert check["no_grads"]
 
 
+def test_pipeline_step_without_target_calls_the_loss_on_the_output_alone(results: list[dict[str, Any]]) -> None:
+    for check in _check(results, "loader_and_bad_input"):
+        torch.testing.assert_close(check["no_target"], check["no_target_reference"], **TOL)
+
+
 # -- data_parallel_size=2 on 4 ranks: replicas 0 (ranks 0, 1) and 1 (ranks 2, 3) of a 2-process pipeline -------------
 @pytest.fixture(scope="module")
 def dp_outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:

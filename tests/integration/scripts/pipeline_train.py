@@ -218,9 +218,15 @@ def loader_and_bad_input(outdir: Path) -> Any:
     no_grads = all(p.grad is None for p in model.parameters())
     loss = fabric.pipeline_step(model, x, target=y)
     reference = mse(make_sequential()(x), y)
+    # Without a target, the loss function gets the output alone.
+    untargeted = PipelineStrategy(split_points=["2"], microbatches=4, loss_fn=lambda out: out.pow(2).mean())
+    fabric_untargeted = Fabric(accelerator="cpu", devices=2, strategy=untargeted)
+    fabric_untargeted.launch()
+    no_target = fabric_untargeted.pipeline_step(fabric_untargeted.setup(make_sequential()), x)
     return {
         "batches": batches, "raised": raised, "loss_after": loss, "eval_loss": eval_loss, "no_grads": no_grads,
-        "reference": reference.detach(),
+        "reference": reference.detach(), "no_target": no_target,
+        "no_target_reference": make_sequential()(x).pow(2).mean().detach(),
     }  # fmt: skip
 
 
