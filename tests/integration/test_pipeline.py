@@ -112,6 +112,10 @@ def test_every_stage_reads_the_same_batches(results: list[dict[str, Any]]) -> No
         ("too_few_microbatches", r"FabricValueError: PipelineStrategy\(schedule='1F1B', microbatches=1\) with 2 "),
         ("backward", r"RuntimeError: fabric.backward\(loss\) under PipelineStrategy.*fabric.pipeline_step"),
         ("forward", r"RuntimeError: model\(\.\.\.\) under PipelineStrategy.*fabric.pipeline_step"),
+        (
+            "nonfinite_clip",
+            r"RuntimeError: fabric.clip_gradients\(max_norm=1.0\): the total gradient norm over all .* inf",
+        ),
     ],
 )
 def test_bad_input_raises_on_every_rank_without_a_hang(

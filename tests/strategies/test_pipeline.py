@@ -207,3 +207,29 @@ def test_import_fabric_does_not_import_pipelining() -> None:
     code = "import sys, fabric, fabric.strategies; print('torch.distributed.pipelining' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_strategy_calls_with_a_model_it_did_not_set_up() -> None:
+    strategy = PipelineStrategy(split_points=["1"], loss_fn=_mse)
+    with pytest.raises(TypeError, match=r"pipeline_step\(Linear, \.\.\.\): expected the model that fabric.setup"):
+        strategy.pipeline_step(nn.Linear(2, 2), (torch.ones(4, 2),), None)
+    with pytest.raises(TypeError, match=r"no_backward_sync\(Linear\): expected the model that fabric.setup"):
+        strategy.no_backward_sync(nn.Linear(2, 2), enabled=True)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    with pytest.raises(TypeError, match=r"fabric.pipeline_step\(Linear, \.\.\.\): expected the model returned by"):
+        fabric.pipeline_step(nn.Linear(2, 2), torch.ones(4, 2))
+
+
+def test_checkpoint_calls_that_cannot_work_under_a_pipeline(tmp_path: Any) -> None:
+    from fabric.strategies.pipeline.checkpoint import refuse_full_file
+
+    strategy = PipelineStrategy(split_points=["1"], loss_fn=_mse)
+    with pytest.raises(TypeError, match=r"takes no storage options\. Drop storage_options"):
+        strategy.save_checkpoint(tmp_path / "ckpt", {}, storage_options={"a": 1})
+    with pytest.raises(ValueError, match=r"single-file checkpoint of a whole model.*before fabric.setup\(\)"):
+        refuse_full_file("model.pt", {"model": nn.Linear(2, 2), "step": 1}, "PipelineStrategy")
+    refuse_full_file("model.pt", {"step": 1}, "PipelineStrategy")  # plain values load as with any strategy
+    (tmp_path / "dcp").mkdir()
+    (tmp_path / "dcp" / ".metadata").touch()
+    with pytest.raises(TypeError, match=r"a pipeline loads a checkpoint by its entries\. Pass a dict"):
+        strategy.load_checkpoint(tmp_path / "dcp", nn.Linear(2, 2))

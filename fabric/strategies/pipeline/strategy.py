@@ -257,9 +257,9 @@ class PipelineStrategy(ParallelStrategy):
             total = (powered ** (1.0 / norm_type)).to(local.dtype)
         if error_if_nonfinite and not self.precision.has_loss_scaler and not torch.isfinite(total):
             raise RuntimeError(
-                f"fabric.clip_gradients(max_norm={max_norm}): the total gradient norm over all stages is {total.item()}, "
-                "so the gradients cannot be clipped. Find where the loss or gradients become inf or nan, or pass "
-                "error_if_nonfinite=False to clip anyway."
+                f"fabric.clip_gradients(max_norm={max_norm}): the total gradient norm over all stages is "
+                f"{total.item()}, so the gradients cannot be clipped. Find where the loss or gradients become inf or "
+                "nan, or pass error_if_nonfinite=False to clip anyway."
             )
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         with torch.no_grad():

@@ -195,6 +195,7 @@ def loader_and_bad_input(outdir: Path) -> Any:
     fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
     fabric.launch()
     model = fabric.setup(make_sequential())
+    optimizer = fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
     batches = [x for x, _ in fabric.setup_dataloaders(token_loader())]
     raised: dict[str, str] = {}
     too_few = PipelineStrategy(split_points=["2"], schedule="1F1B", microbatches=1, loss_fn=mse)
@@ -218,6 +219,12 @@ def loader_and_bad_input(outdir: Path) -> Any:
     no_grads = all(p.grad is None for p in model.parameters())
     loss = fabric.pipeline_step(model, x, target=y)
     reference = mse(make_sequential()(x), y)
+    if fabric.global_rank == 0:  # one stage's gradient is inf: the whole model's norm is, on every rank
+        next(p for p in model.parameters()).grad[0, 0] = float("inf")
+    try:
+        fabric.clip_gradients(model, optimizer, max_norm=1.0)
+    except RuntimeError as err:
+        raised["nonfinite_clip"] = f"{type(err).__name__}: {err}"
     # Without a target, the loss function gets the output alone.
     untargeted = PipelineStrategy(split_points=["2"], microbatches=4, loss_fn=lambda out: out.pow(2).mean())
     fabric_untargeted = Fabric(accelerator="cpu", devices=2, strategy=untargeted)
