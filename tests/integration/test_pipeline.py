@@ -229,3 +229,6 @@ def test_meta_init_allocates_only_each_ranks_stage(results: list[dict[str, Any]]
         assert check["on_meta"] and check["finite"] and check["loss"] > 0
     assert rank0["names"][0] == "blocks.0.mlp.0.bias" and "head.weight" in rank1["names"]
     assert not set(rank0["names"]) & set(rank1["names"])
+    assert set(rank0["layers"]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
+    assert not torch.equal(rank0["layers"]["0.weight"], rank1["layers"]["2.weight"])
+    assert not torch.equal(rank0["layers"]["1.weight"], rank1["layers"]["3.weight"])

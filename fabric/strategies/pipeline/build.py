@@ -5,6 +5,7 @@ Imports torch.distributed.pipelining, so the strategy imports this module only w
 
 from __future__ import annotations
 
+import zlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -73,15 +74,22 @@ def pipeline_module(strategy: PipelineStrategy, module: Module) -> PipelineModul
 
 def _materialize(module: Module, device: torch.device) -> None:
     """Move this process's share to its device; created under init_module(empty_init=True), allocate it there and
-    initialise it with each submodule's reset_parameters() (the whole model never exists anywhere)."""
+    initialise it with each submodule's reset_parameters() (the whole model never exists anywhere).
+
+    Each submodule draws from its own seed, derived from its name: stages on different processes do not repeat
+    each other's draws (equal layers would start equal), and the values do not depend on where the model is cut.
+    """
     if not any(t.is_meta for t in (*module.parameters(), *module.buffers())):
         module.to(device)
         return
     module.to_empty(device=device)
-    for submodule in module.modules():
-        reset = getattr(submodule, "reset_parameters", None)
-        if callable(reset):
-            reset()
+    seed = torch.initial_seed()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for name, submodule in module.named_modules():
+            reset = getattr(submodule, "reset_parameters", None)
+            if callable(reset):
+                torch.manual_seed((seed + zlib.crc32(name.encode())) % 2**63)
+                reset()
 
 
 def keep_local_parameters(optimizer: Optimizer, names: dict[int, str], module: Module, owner: str) -> None:

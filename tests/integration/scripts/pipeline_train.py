@@ -187,7 +187,17 @@ def meta_init(outdir: Path) -> Any:
     x, y = next(iter(token_loader()))
     loss = fabric.pipeline_step(model, x, target=y)
     finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
-    return {"on_meta": on_meta, "finite": finite, "loss": float(loss), "names": sorted(model.state_dict())}
+    # Four equal layers, two per stage: each layer draws its own values, not the other stage's again.
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=PipelineStrategy(split_points=["2"], loss_fn=mse))
+    fabric.launch()
+    fabric.seed_everything(0, verbose=False)  # the same random state on both ranks, as in a seeded script
+    with fabric.init_module(empty_init=True):
+        layers = nn.Sequential(*[nn.Linear(4, 4) for _ in range(4)])
+    layers = fabric.setup(layers)
+    return {
+        "on_meta": on_meta, "finite": finite, "loss": float(loss), "names": sorted(model.state_dict()),
+        "layers": {k: v.clone() for k, v in layers.state_dict().items()},
+    }  # fmt: skip
 
 
 def loader_and_bad_input(outdir: Path) -> Any:
