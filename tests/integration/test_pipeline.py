@@ -232,3 +232,12 @@ def test_meta_init_allocates_only_each_ranks_stage(results: list[dict[str, Any]]
     assert set(rank0["layers"]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
     assert not torch.equal(rank0["layers"]["0.weight"], rank1["layers"]["2.weight"])
     assert not torch.equal(rank0["layers"]["1.weight"], rank1["layers"]["3.weight"])
+
+
+def test_data_parallel_checkpoint_resumes_in_a_four_stage_pipeline(dp_results: list[dict[str, Any]]) -> None:
+    reference = _check(dp_results, "1f1b")[0]["reference"]
+    checks = _check(dp_results, "resume_in_four_stages")
+    weights = {k: v for check in checks for k, v in check["weights"].items()}
+    assert weights.keys() == reference.keys() and all(check["remainder"] == ["optimizer"] for check in checks)
+    for key, value in reference.items():
+        torch.testing.assert_close(weights[key], value, **TOL, msg=key)

@@ -88,6 +88,16 @@ def one_f_one_b(outdir: Path) -> Any:
     return result
 
 
+def resume_in_four_stages(outdir: Path) -> Any:
+    """The data-parallel 2-stage checkpoint into one 4-stage pipeline: another split and data-parallel size."""
+    split = ["blocks.1", "blocks.2", "blocks.3"]
+    fabric = Fabric(accelerator="cpu", devices=4, strategy=PipelineStrategy(split, loss_fn=token_loss))
+    fabric.launch()
+    model = fabric.setup(make_gpt())
+    remainder = fabric.load(outdir / "ckpt", {"model": model})
+    return {"weights": {k: v.clone() for k, v in model.state_dict().items()}, "remainder": sorted(remainder)}
+
+
 def fsdp_1f1b(outdir: Path) -> Any:
     # Accumulating over all steps: no_backward_sync skips nothing under FSDP, and the sum must still be right.
     fabric, model, optimizer, result = train(["blocks.2"], "1F1B", accumulate=STEPS, how="fsdp")
@@ -111,6 +121,7 @@ def loader(outdir: Path) -> Any:
 
 CHECKS: dict[str, Callable[[Path], Any]] = {
     "1f1b": one_f_one_b,
+    "resume_in_four_stages": resume_in_four_stages,
     "fsdp_1f1b": fsdp_1f1b,
     "interleaved_accumulating": interleaved_accumulating,
     "loader": loader,
