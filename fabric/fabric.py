@@ -384,6 +384,16 @@ class Fabric:
         finally:
             self._backward_state.active = False
 
+    def pipeline_step(self, model: _FabricModule, *inputs: Any, target: Any = None) -> Tensor:
+        """Under PipelineStrategy, instead of `model(x)` and `fabric.backward(loss)`: forward and backward of the
+        batch over the microbatches on every stage; returns the mean loss, a 0-dim tensor on every rank."""
+        if not isinstance(model, _FabricModule):
+            raise FabricTypeError(
+                f"fabric.pipeline_step({type(model).__name__}, ...): expected the model returned by fabric.setup(). "
+                "Pass that model."
+            )
+        return self._strategy.pipeline_step(model._forward_module, inputs, target)
+
     def clip_gradients(
         self,
         module: Module,

@@ -9,6 +9,7 @@ from fabric.strategies.fairscale._sharded import fairscale_fsdp_requested
 from fabric.strategies.fsdp import FSDPStrategy
 from fabric.strategies.model_parallel import ModelParallelStrategy
 from fabric.strategies.parallel import ParallelStrategy
+from fabric.strategies.pipeline import PipelineStrategy
 from fabric.strategies.single_device import SingleDeviceStrategy
 from fabric.strategies.strategy import Strategy
 from fabric.strategies.xla import SingleDeviceXLAStrategy, XLAFSDPStrategy, XLASPMDStrategy, XLAStrategy
@@ -70,6 +71,7 @@ __all__ = [
     "FSDPStrategy",
     "ModelParallelStrategy",
     "ParallelStrategy",
+    "PipelineStrategy",
     "SingleDeviceStrategy",
     "SingleDeviceXLAStrategy",
     "Strategy",

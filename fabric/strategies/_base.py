@@ -177,6 +177,16 @@ class _StrategyComponents:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         torch.nn.utils.clip_grad_value_(params, clip_val)
 
+    def pipeline_step(self, module: Module, inputs: tuple[Any, ...], target: Any) -> Tensor:
+        """Forward and backward over microbatches on every stage; only pipeline strategies run one."""
+        from fabric.utilities.exceptions import FabricTypeError
+
+        raise FabricTypeError(
+            f"fabric.pipeline_step(model, ...) under {type(self).__name__}: this strategy runs the whole model in "
+            "each process, so there is no pipeline to step. Use strategy=PipelineStrategy(split_points=[...], "
+            "loss_fn=...), or compute loss = loss_fn(model(x), y) and call fabric.backward(loss)."
+        )
+
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """True if all (or any) processes decided True."""
         value = torch.tensor(int(decision), device=self.root_device)  # type: ignore[attr-defined]

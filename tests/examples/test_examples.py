@@ -136,6 +136,14 @@ def test_language_model_loss_goes_down_and_it_samples_text(tmp_path: Path) -> No
     assert sample.startswith("the ") and len(sample) == 4 + 20, run.stdout
 
 
+def test_pipeline_gpt_loss_goes_down_on_two_stages(tmp_path: Path) -> None:
+    args = ["--devices", "2", "--max-steps", "21", "--log-every", "10"]
+    run = run_example([str(EXAMPLES / "pipeline_gpt.py"), *args], tmp_path).check()
+    losses = floats(r"step \d+: loss ([0-9.]+)", run.stdout)
+    assert len(losses) == 3, run.stdout  # steps 0, 10 and 20
+    assert losses[-1] < 0.6 * losses[0], run.stdout
+
+
 # -- 4. GAN ---------------------------------------------------------------------------------------
 
 

@@ -1,16 +1,17 @@
 """Multi-GPU runs in their own processes: NCCL DDP parity and collectives, fork launches with bf16, FSDP offload,
-DeepSpeed fp16 loss scaling, and device indices. Each test says how many GPUs it needs and skips with the reason
-where fewer are visible.
+DeepSpeed fp16 loss scaling, device indices, and the pipeline bubble benchmark. Each test says how many GPUs it
+needs and skips with the reason where fewer are visible.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from _gpu import needs_gpus, run_gpu_script, run_integration_script
+from _gpu import needs_gpus, run_gpu_script, run_integration_script, runner
 
 pytestmark = [pytest.mark.cuda, pytest.mark.multiprocess, pytest.mark.usefixtures("no_cluster_env")]
 
@@ -113,3 +114,14 @@ def test_device_indices_are_honoured(tmp_path: Path, strategy: str, indices: str
         assert result["param_devices"] == [f"cuda:{gpu}"] and result["input_device"] == f"cuda:{gpu}"
         assert result["world_size"] == len(expected)
         assert result["losses"][-1] < result["losses"][0]
+
+
+@needs_gpus(2)
+def test_pipeline_bubble_on_two_gpus() -> None:
+    """benchmarks/pipeline_bubble.py on 2 GPUs over NCCL: every schedule steps; the table is the measurement."""
+    script = Path(__file__).parents[2] / "benchmarks" / "pipeline_bubble.py"
+    run = runner.run_python([str(script), "--accelerator", "cuda", "--devices", "2", "--steps", "3"], timeout=300)
+    assert run.returncode == 0, run.output
+    for schedule in ("GPipe", "1F1B", "Interleaved1F1B"):
+        assert re.search(rf"^{schedule}\s+2\s+\d\s+\d+\s+[\d.]+", run.stdout, re.MULTILINE), run.output
+    print(run.stdout)  # the measured bubble against the theory, for the person who ran the suite
