@@ -153,17 +153,16 @@ def dp_results(dp_outdir: Path) -> list[dict[str, Any]]:
     return [torch.load(dp_outdir / f"rank{rank}.pt", weights_only=False) for rank in range(4)]
 
 
-@pytest.mark.parametrize("name", ["1f1b", "fsdp_1f1b", "interleaved_accumulating"])
-def test_data_parallel_matches_one_process_training_on_the_global_batch(
-    dp_results: list[dict[str, Any]], name: str
-) -> None:
+@pytest.mark.parametrize("name", ["1f1b", "fsdp_1f1b", "interleaved_accumulating", "gpipe", "four_stages_1f1b"])
+def test_four_ranks_match_one_process_training_on_the_global_batch(dp_results: list[dict[str, Any]], name: str) -> None:
+    # 2 replicas x 2 stages (ranks 0-1 and 2-3 are one replica each), except four_stages_1f1b: one 4-stage pipeline.
     checks = _check(dp_results, name)
     assert all(check["sharded"] == name.startswith("fsdp") for check in checks)  # FSDP: DTensor shards
     for check in checks:
         for got, expected in [*check["losses"], *check["norms"]]:
             torch.testing.assert_close(got, expected, **TOL)
-    for replica in (checks[:2], checks[2:]):
-        weights = {**replica[0]["weights"], **replica[1]["weights"]}
+    for replica in [checks] if name == "four_stages_1f1b" else [checks[:2], checks[2:]]:
+        weights = {key: value for check in replica for key, value in check["weights"].items()}
         assert weights.keys() == checks[0]["reference"].keys()
         for key, value in checks[0]["reference"].items():
             torch.testing.assert_close(weights[key], value, **TOL, msg=key)

@@ -34,7 +34,12 @@ def replicate(stage: Module, mesh: Any, device: Any, how: str) -> Module:
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(stage, device_ids=device_ids, process_group=group)  # broadcasts replica 0's
+        # find_unused_parameters=True: it turns off DDP's bucket rebuild after the first step, which miscounts the
+        # parameters when several microbatches' backwards run before a synchronised one (GPipe: torch's reducer
+        # asserts "rebuilt parameter indices size is not same as original model parameters size").
+        return DistributedDataParallel(  # broadcasts replica 0's weights
+            stage, device_ids=device_ids, process_group=group, find_unused_parameters=True
+        )
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 

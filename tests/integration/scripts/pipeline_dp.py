@@ -30,9 +30,9 @@ def global_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
-def pipeline_fabric(split: list[str], schedule: str, how: str = "ddp") -> Fabric:
+def pipeline_fabric(split: list[str], schedule: str, how: str = "ddp", dp: int = DP) -> Fabric:
     strategy = PipelineStrategy(
-        split, schedule=schedule, microbatches=4, loss_fn=token_loss, data_parallel_size=DP, data_parallel=how
+        split, schedule=schedule, microbatches=4, loss_fn=token_loss, data_parallel_size=dp, data_parallel=how
     )
     fabric = Fabric(accelerator="cpu", devices=4, strategy=strategy)
     fabric.launch()
@@ -40,10 +40,10 @@ def pipeline_fabric(split: list[str], schedule: str, how: str = "ddp") -> Fabric
 
 
 def train(
-    split: list[str], schedule: str, accumulate: int, how: str = "ddp"
+    split: list[str], schedule: str, accumulate: int, how: str = "ddp", dp: int = DP
 ) -> tuple[Fabric, Any, Any, dict[str, Any]]:
-    """Fabric's loop on this replica's half; the reference on the whole batch, stepping every `accumulate` batches."""
-    fabric = pipeline_fabric(split, schedule, how)
+    """Fabric's loop on this replica's share; the reference on the whole batch, stepping every `accumulate` batches."""
+    fabric = pipeline_fabric(split, schedule, how, dp)
     replica = fabric.strategy.data_parallel_rank  # type: ignore[attr-defined]
     model = make_gpt()
     model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
@@ -51,7 +51,8 @@ def train(
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     losses, norms, unsynced = [], [], []
     for i, (x, y) in enumerate(global_batches()):
-        rows = slice(replica * BATCH, (replica + 1) * BATCH)
+        share = DP * BATCH // dp
+        rows = slice(replica * share, (replica + 1) * share)
         stepping = (i + 1) % accumulate == 0
         with fabric.no_backward_sync(model, enabled=not stepping):
             loss = fabric.pipeline_step(model, x[rows], target=y[rows])
@@ -113,6 +114,15 @@ def interleaved_accumulating(outdir: Path) -> Any:
     return train(["blocks.1", "blocks.2", "blocks.3"], "Interleaved1F1B", accumulate=STEPS)[3]
 
 
+def gpipe(outdir: Path) -> Any:
+    return train(["blocks.2"], "GPipe", accumulate=1)[3]
+
+
+def four_stages_1f1b(outdir: Path) -> Any:
+    """Without data parallelism: one pipeline of 4 stages over the 4 ranks, on the whole global batch."""
+    return train(["blocks.1", "blocks.2", "blocks.3"], "1F1B", accumulate=1, dp=1)[3]
+
+
 def loader(outdir: Path) -> Any:
     fabric = pipeline_fabric(["blocks.2"], "GPipe")
     data = TensorDataset(torch.arange(4 * BATCH))
@@ -124,6 +134,8 @@ CHECKS: dict[str, Callable[[Path], Any]] = {
     "resume_in_four_stages": resume_in_four_stages,
     "fsdp_1f1b": fsdp_1f1b,
     "interleaved_accumulating": interleaved_accumulating,
+    "gpipe": gpipe,
+    "four_stages_1f1b": four_stages_1f1b,
     "loader": loader,
 }
 
