@@ -176,7 +176,8 @@ def test_run_all_runs_every_benchmark_script() -> None:
     planned = run_all.plan(type("Args", (), parser_defaults)())
     scripts = {p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_") and p.name != "run_all.py"}
     assert {s[0] for s in planned} == scripts
-    assert all(s[-2:] == ["--peer-python", "/peer/python"] for s in planned)
+    # Every script that has a peer to compare with gets it (pipeline_bubble.py compares with theory instead).
+    assert all(s[-2:] == ["--peer-python", "/peer/python"] for s in planned if s[0] != "pipeline_bubble.py")
 
 
 def _load(name: str) -> ModuleType:
