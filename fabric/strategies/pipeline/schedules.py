@@ -6,10 +6,12 @@ torch.distributed.pipelining is imported only in `schedule_class`, when a model 
 from __future__ import annotations
 
 import difflib
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from fabric.utilities.exceptions import FabricTypeError, FabricValueError
+from fabric.utilities.warnings import PossibleUserWarning
 
 
 @dataclass(frozen=True)
@@ -87,3 +89,29 @@ def schedule_class(kind: ScheduleKind) -> Any:
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     return get_schedule_class(kind.name)
+
+
+def check_torch_for_backend(backend: str, version: tuple[int, int, int]) -> None:
+    """Refuse or warn where torch's pipelining is known not to run over `backend`.
+
+    Measured here with torch's own PipelineStage and ScheduleGPipe on 2 CPU processes, no fabric involved: over
+    gloo, torch 2.9 aborts both processes in the first step (gloo::EnforceNotMet, "Received data size doesn't
+    match expected size"; pytorch issue 132644 on gloo's batched send/recv), and torch 2.13 runs every schedule.
+    Versions in between were not measured, so they get a warning rather than a refusal.
+    """
+    if backend != "gloo" or version >= (2, 13, 0):
+        return
+    found = ".".join(map(str, version))
+    if version < (2, 10, 0):
+        raise RuntimeError(
+            f"PipelineStrategy over the gloo backend with torch {found}: torch {found}'s pipelining aborts every "
+            "process in the first step over gloo (gloo::EnforceNotMet: received data size doesn't match). Install "
+            "torch 2.13 or later for CPU processes, or run on GPUs (NCCL)."
+        )
+    warnings.warn(
+        f"PipelineStrategy over the gloo backend with torch {found}: fabric's pipeline tests run on torch 2.13; "
+        "torch 2.9's pipelining aborts over gloo in the first step. If the processes abort with gloo::EnforceNotMet, "
+        "install torch 2.13 or later.",
+        PossibleUserWarning,
+        stacklevel=3,
+    )

@@ -190,8 +190,14 @@ class PipelineStrategy(ParallelStrategy):
 
     def setup_module(self, module: Module) -> Module:
         """Keep only this process's stages of `module` (in place) and build their schedule."""
-        from fabric.strategies.pipeline import build
+        import torch.distributed as dist
 
+        from fabric.strategies.pipeline import build
+        from fabric.strategies.pipeline.schedules import check_torch_for_backend
+        from fabric.utilities.imports import _TORCH
+
+        if dist.is_initialized():
+            check_torch_for_backend(str(dist.get_backend(self._group)), _TORCH)
         with self._collective("setup"):  # with replicas, DDP broadcasts the first one's weights
             return build.pipeline_module(self, module)
 
