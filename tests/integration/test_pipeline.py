@@ -222,6 +222,20 @@ def test_bf16_mixed_autocasts_every_stage(results: list[dict[str, Any]]) -> None
         torch.testing.assert_close(check["loss"], check["reference"], rtol=0, atol=3e-2)
 
 
+def test_64_true_keeps_every_stage_in_float64_and_matches_a_float64_model(results: list[dict[str, Any]]) -> None:
+    checks = _check(results, "double_true")
+    assert [check["dtypes"] for check in checks] == [["torch.float64"], ["torch.float64"]]
+    weights = {key: value for check in checks for key, value in check["fabric"]["weights"].items()}
+    reference = checks[0]["reference"]
+    assert weights.keys() == reference["weights"].keys()
+    for key, value in reference["weights"].items():
+        assert weights[key].dtype == torch.float64
+        torch.testing.assert_close(weights[key], value, rtol=0, atol=1e-6, msg=key)
+    for check in checks:  # the loss function gets outputs in the default dtype, as under every strategy
+        for got, expected in zip(check["fabric"]["losses"], reference["losses"], strict=True):
+            torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-6)
+
+
 def test_meta_init_allocates_only_each_ranks_stage(results: list[dict[str, Any]]) -> None:
     rank0, rank1 = _check(results, "meta_init")
     for check in (rank0, rank1):

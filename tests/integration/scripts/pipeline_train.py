@@ -175,6 +175,21 @@ def bf16_mixed(outdir: Path) -> Any:
     return {"loss": loss, "reference": mse(make_sequential()(x), y), "dtypes": sorted(set(map(str, dtypes)))}
 
 
+def double_true(outdir: Path) -> Any:
+    """64-true: every stage holds float64 parameters, and training matches a float64 model in one process."""
+    strategy = PipelineStrategy(split_points=["2"], schedule="1F1B", microbatches=4, loss_fn=mse)
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="64-true")
+    fabric.launch()
+    model = make_sequential()
+    model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    batches = [(x.double(), y.double()) for x, y in regression_batches()]
+    result = train(fabric, model, optimizer, batches, mse, clip=True)
+    reference = make_sequential().double()
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    return {"dtypes": dtypes, "fabric": result, "reference": train(None, reference, ref_optimizer, batches, mse, True)}
+
+
 def meta_init(outdir: Path) -> Any:
     """init_module(empty_init=True): no rank ever holds the whole model; each initialises its own stage."""
     strategy = PipelineStrategy(split_points=["blocks.2"], schedule="1F1B", microbatches=4, loss_fn=token_loss)
@@ -254,6 +269,7 @@ CHECKS: dict[str, Callable[[Path], Any]] = {
     "interleaved_gpt": interleaved_gpt,
     "other_schedules": other_schedules,
     "bf16_mixed": bf16_mixed,
+    "double_true": double_true,
     "meta_init": meta_init,
     "loader_and_bad_input": loader_and_bad_input,
 }
