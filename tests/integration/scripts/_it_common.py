@@ -7,6 +7,8 @@ import os
 import socket
 import sys
 import time
+import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +37,24 @@ def write_json(path: Path, data: Any) -> None:
 def write_pid(outdir: Path, rank: int) -> None:
     """Record this rank's pid, and when it wrote it, before it blocks or fails on purpose."""
     write_json(outdir / f"rank{rank}.pid.json", {"pid": os.getpid(), "rank": rank, "time": time.time()})
+
+
+def run_checks(checks: Mapping[str, Callable[[Path], Any]], devices: int) -> None:
+    """Run every check in one job of `devices` CPU ranks; each rank saves OUTDIR/rank{N}.pt (check name -> what it
+    returned, or {"error": traceback}). A check that raises does not stop the next: the barrier after each keeps
+    the ranks in step."""
+    import torch
+
+    from fabric import Fabric
+
+    outdir = outdir_from_argv()
+    base = Fabric(accelerator="cpu", devices=devices, strategy="ddp")
+    base.launch()
+    results: dict[str, Any] = {}
+    for name, check in checks.items():
+        try:
+            results[name] = check(outdir)
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+        base.barrier()
+    torch.save(results, outdir / f"rank{base.global_rank}.pt")

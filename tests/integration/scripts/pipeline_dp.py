@@ -8,13 +8,12 @@ process on the whole global batch, whose mean loss is the mean of the replicas' 
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from _it_common import outdir_from_argv
+from _it_common import run_checks
 from pipeline_train import BATCH, SEQ, STEPS, VOCAB, make_gpt, token_loss
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -140,19 +139,5 @@ CHECKS: dict[str, Callable[[Path], Any]] = {
 }
 
 
-def main() -> None:
-    outdir = outdir_from_argv()
-    base = Fabric(accelerator="cpu", devices=4, strategy="ddp")
-    base.launch()
-    results: dict[str, Any] = {}
-    for name, check in CHECKS.items():
-        try:
-            results[name] = check(outdir)
-        except Exception:
-            results[name] = {"error": traceback.format_exc()}
-        base.barrier()
-    torch.save(results, outdir / f"rank{base.global_rank}.pt")
-
-
 if __name__ == "__main__":
-    main()
+    run_checks(CHECKS, devices=4)

@@ -7,13 +7,12 @@ also saves OUTDIR/ckpt, which the test loads whole in its own process.
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from _it_common import outdir_from_argv
+from _it_common import run_checks
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -275,19 +274,5 @@ CHECKS: dict[str, Callable[[Path], Any]] = {
 }
 
 
-def main() -> None:
-    outdir = outdir_from_argv()
-    base = Fabric(accelerator="cpu", devices=2, strategy="ddp")
-    base.launch()
-    results: dict[str, Any] = {}
-    for name, check in CHECKS.items():
-        try:
-            results[name] = check(outdir)
-        except Exception:
-            results[name] = {"error": traceback.format_exc()}
-        base.barrier()
-    torch.save(results, outdir / f"rank{base.global_rank}.pt")
-
-
 if __name__ == "__main__":
-    main()
+    run_checks(CHECKS, devices=2)
