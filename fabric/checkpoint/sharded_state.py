@@ -170,8 +170,19 @@ def check_shapes(path: str, expected: dict[str, Any], saved: dict[str, tuple[int
         )
 
 
-def check_keys(path: str, key: str, expected: set[str], saved: set[str], strict: bool, is_module: bool) -> None:
-    """With strict=True, a missing entry (and for a module an unexpected one) is an error that names it."""
+def check_keys(
+    path: str,
+    key: str,
+    expected: set[str],
+    saved: set[str],
+    strict: bool,
+    is_module: bool,
+    target: str = "the object it is loaded into",
+) -> None:
+    """With strict=True, a missing entry (and for a module an unexpected one) is an error that names it.
+
+    `target` says in the message what `expected` describes (a pipeline passes the whole model its stages make up).
+    """
     if not strict:
         return
     missing = sorted(expected - saved)
@@ -179,7 +190,7 @@ def check_keys(path: str, key: str, expected: set[str], saved: set[str], strict:
     if missing or unexpected:
         parts = [f"missing {missing[:8]}" if missing else "", f"unexpected {unexpected[:8]}" if unexpected else ""]
         raise RuntimeError(
-            f"load({path!r}): the checkpoint's {key!r} does not match the object it is loaded into: "
+            f"load({path!r}): the checkpoint's {key!r} does not match {target}: "
             f"{', '.join(p for p in parts if p)}. Load into the object that was saved, or pass strict=False to "
             "skip missing and unexpected entries."
         )

@@ -14,6 +14,7 @@ from torch.nn import Module
 
 from fabric.checkpoint import files, remote
 from fabric.checkpoint import sharded as _sharded
+from fabric.checkpoint.sharded_state import check_keys
 from fabric.checkpoint.state import unwrap
 from fabric.io import _fsspec
 from fabric.utilities.exceptions import FabricValueError
@@ -42,14 +43,8 @@ def _check_module_keys(path: str, key: str, local: set[str], saved: set[str]) ->
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, sorted(local))
     whole = set().union(*gathered)
-    missing, unexpected = sorted(whole - saved), sorted(saved - whole)
-    if missing or unexpected:
-        parts = [f"missing {missing[:8]}" if missing else "", f"unexpected {unexpected[:8]}" if unexpected else ""]
-        raise RuntimeError(
-            f"load({path!r}): the checkpoint's {key!r} does not match the whole model that the pipeline's stages "
-            f"make up: {', '.join(p for p in parts if p)}. Load into the model that was saved, or pass strict=False "
-            "to skip missing and unexpected entries."
-        )
+    target = "the whole model that the pipeline's stages make up"
+    check_keys(path, key, whole, saved, strict=True, is_module=True, target=target)
 
 
 def _saved_keys(path: str | Path, weights_only: bool | None) -> dict[str, set[str]]:
