@@ -75,6 +75,7 @@ class Fabric:
         # _launched: this process's environment is set up. _launch_called: the user called launch().
         self._launched = False
         self._launch_called = False
+        self._collective_device: torch.device | None = None  # the root device, once a collective asked for it
         self._backward_state = _BackwardState()
         # No loss scaling or strategy step in backward: `fabric.backward(loss)` is `loss.backward()` (every step).
         plain = self._strategy._runs_base("backward") and not self._strategy.precision.requires_fabric_backward
@@ -494,23 +495,25 @@ class Fabric:
         """
         if not self._launched:  # inline: a small collective is latency-bound, and Python before it adds to that
             self._validate_launched("all_gather")
-        device = self.__dict__.get("_root_device_after_launch") or self._collective_device()
+        device = self._collective_device or self._find_collective_device()
+        if type(data) is Tensor and not uneven and data.device == device:  # the common call: straight to the strategy
+            return self._strategy.all_gather(data, group, sync_grads)
         return _collectives.all_gather(self._strategy, data, group, sync_grads, uneven, device)
 
     def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str = "mean") -> Any:
         """Reduce tensors (or numbers, or collections of them) across processes: mean, sum, max or min."""
         if not self._launched:  # inline: a small collective is latency-bound, and Python before it adds to that
             self._validate_launched("all_reduce")
-        device = self.__dict__.get("_root_device_after_launch") or self._collective_device()
+        device = self._collective_device or self._find_collective_device()
+        if type(data) is Tensor and data.device == device:  # the common call: straight to the strategy
+            return self._strategy.all_reduce(data, group, reduce_op)
         return _collectives.all_reduce(self._strategy, data, group, reduce_op, device)
 
-    def _collective_device(self) -> torch.device:
+    def _find_collective_device(self) -> torch.device:
         # The strategy's root device, looked up once: it is fixed once the processes exist, and the lookup reads
         # the environment (the local rank) on every call, which a collective of a few kilobytes would notice.
-        device = self.__dict__.get("_root_device_after_launch")
-        if device is None:
-            device = self.__dict__["_root_device_after_launch"] = self._strategy.root_device
-        return device
+        self._collective_device = self._strategy.root_device
+        return self._collective_device
 
     @contextmanager
     def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:

@@ -161,10 +161,14 @@ def enter(op: str, args: tuple[Any, ...] = (), group: Any = None) -> int:
     `args`: what must match across ranks in debug mode (tensors by dtype and shape, other values by their text).
     The user's line is kept as its frame's code object and offset (made into `file:line` when something reads it).
     """
-    ref, recorder = _LAST
-    world = dist.group.WORLD  # None once the group is gone: a dead cache entry's ref() is None too, so check it
-    if recorder is None or world is None or ref() is not world or (group is not None and group is not world):
-        recorder = _recorder(group)  # the cached default-group recorder does not apply: look it up
+    recorder = _LAST[1]
+    if recorder is not None and group is None and not recorder.debug:
+        # The common call, on the default group's recorder cached when the group started. A group destroyed without
+        # fabric's teardown leaves it stale until the next group's setup: harmless here (strategies issue nothing
+        # without a group, and counting into a record nobody reads changes nothing); `failed` checks it.
+        frame = outside_fabric(sys._getframe(1))
+        return recorder.enter(op, frame.f_code, frame.f_lasti) if frame is not None else recorder.enter(op, None, -1)
+    recorder = _recorder(group)
     if recorder is None:
         if group is not None and os.environ.get(DEBUG_VARIABLE) and debug_enabled():
             warnings.warn(
@@ -196,7 +200,7 @@ def leave(seq: int) -> None:
 def failed(err: RuntimeError, op: str, seq: int, words: TimeoutWords) -> None:
     """Add to `err` a note that explains it: where every rank is (recorded) or how to wait longer (timeouts)."""
     seq = seq or getattr(err, "_fabric_seq", 0)  # raised by `enter` itself (debug mode's cross-rank check)
-    _explain(err, op, seq, _LAST[1] if seq else None, words)
+    _explain(err, op, seq, _recorder(None) if seq else None, words)  # checked: the cached one may be stale
 
 
 def _explain(err: RuntimeError, op: str, seq: int, recorder: CollectiveRecorder | None, words: TimeoutWords) -> None:

@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from fabric.accelerators.accelerator import Accelerator
+from fabric.diagnostics import track as _diagnostics
 from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
@@ -78,8 +79,16 @@ class DDPStrategy(ParallelStrategy):
         if not self._backward_syncs(module):
             super().backward(tensor, module, *args, **kwargs)
             return
-        with self._collective("backward"):
+        # Recorded as the hot collectives are (plain calls, no scope object): this runs every step.
+        seq = 0
+        try:
+            seq = _diagnostics.enter("backward")
             super().backward(tensor, module, *args, **kwargs)
+        except RuntimeError as err:
+            _diagnostics.failed(err, "backward", seq, self._timeout_words)
+            raise
+        finally:
+            _diagnostics.leave(seq)
 
     def _backward_syncs(self, module: Module | None) -> bool:
         """Whether this backward all-reduces gradients."""

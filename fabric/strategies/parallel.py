@@ -19,6 +19,7 @@ from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies.strategy import Strategy
 from fabric.utilities import distributed as _dist
+from fabric.utilities.direct_calls import direct_group as _direct_group
 from fabric.utilities.exceptions import FabricValueError
 
 if TYPE_CHECKING:
@@ -266,7 +267,8 @@ class ParallelStrategy(Strategy):
             if self._live_group_uses_nccl:
                 dist.barrier(device_ids=[self.root_device.index])
             else:
-                dist.barrier()
+                direct = _direct_group()
+                direct.barrier() if direct is not None else dist.barrier()
         except RuntimeError as err:
             _diagnostics.failed(err, "barrier", seq, self._timeout_words)
             raise
@@ -312,7 +314,7 @@ class ParallelStrategy(Strategy):
             seq = _diagnostics.enter("all_gather", (tensor,), group)
             if sync_grads:
                 return _dist.all_gather(tensor, group=group, sync_grads=True)
-            return _dist.gather_flat(tensor, group, _dist.group_size(group))  # the common call, one Python call shorter
+            return _dist.gather_flat(tensor, group)  # the common call, one Python call shorter
         except RuntimeError as err:
             _diagnostics.failed(err, "all_gather", seq, self._timeout_words)
             raise

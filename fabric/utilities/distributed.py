@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from fabric.utilities.direct_calls import direct_group, plain
 from fabric.utilities.exceptions import FabricValueError
 from fabric.utilities.shared_filesystem import is_shared_filesystem as is_shared_filesystem  # Lightning's path
 from fabric.utilities.types import ReduceOp as ReduceOp  # Lightning's path
@@ -64,9 +65,15 @@ def all_reduce(tensor: Tensor, reduce_op: Any, group: Any | None = None) -> Tens
     else:
         # The one copy the call needs (the input is left unchanged); contiguous, as the backends require.
         result = tensor.clone() if tensor.is_contiguous() else tensor.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(result, op=op, group=group)
+    direct = direct_group() if group is None else None
+    if direct is not None and plain(result):
+        direct.all_reduce(result, op)
+        size = direct.size
+    else:
+        dist.all_reduce(result, op, group)
+        size = group_size(group)
     if mean:
-        result.div_(group_size(group))
+        result.div_(size)
     return result
 
 
@@ -76,10 +83,9 @@ def all_gather(tensor: Tensor, group: Any | None = None, sync_grads: bool = Fals
     One collective into a preallocated `(world_size * numel,)` buffer, viewed as `(world_size, *shape)`: the flat
     form is the one every backend accepts (gloo refuses the stacked form). Every process must pass the same shape.
     """
-    world_size = group_size(group)
     if sync_grads:
-        return _DifferentiableAllGather.apply(tensor, group, world_size)
-    return gather_flat(tensor, group, world_size)
+        return _DifferentiableAllGather.apply(tensor, group, group_size(group))
+    return gather_flat(tensor, group)
 
 
 def group_size(group: Any | None) -> int:
@@ -95,13 +101,25 @@ def group_size(group: Any | None) -> int:
     return size
 
 
-def gather_flat(tensor: Tensor, group: Any | None, world_size: int) -> Tensor:
-    flat = tensor.reshape(-1)  # a view where it can be (contiguous input), else the one copy the backend needs
-    out = flat.new_empty((world_size, *tensor.shape))
-    # The collective writes through a flat view; the stacked tensor itself is returned (not a view: autograd
-    # refuses in-place changes to views made inside a Function's forward).
-    _gather_single(out.view(-1), flat, group=group)
-    return out
+def gather_flat(tensor: Tensor, group: Any | None) -> Tensor:
+    """Gather `tensor` from every process, stacked: `(world_size, *shape)`; every process passes the same shape.
+
+    Allocated flat, gathered into, viewed stacked: the raw call's own steps (a collective of a few kilobytes on
+    local ranks notices even a keyword argument or a second shape tuple).
+    """
+    flat = tensor.reshape(-1)  # a view where it can be, else the one copy the backend needs
+    direct = direct_group() if group is None else None
+    if direct is not None and plain(flat):
+        size = direct.size
+        out = tensor.new_empty(size * tensor.numel())
+        direct.gather_into(out, flat)
+    else:
+        size = group_size(group)
+        out = tensor.new_empty(size * tensor.numel())
+        # Into a view: torch 2.13 refuses to gather a tensor that requires grad into the base tensor itself
+        # ("a view was created in no_grad mode ...").
+        _gather_single(out.view(-1), flat, group)
+    return out.view(size, *tensor.shape)
 
 
 class _DifferentiableAllGather(torch.autograd.Function):
@@ -115,7 +133,11 @@ class _DifferentiableAllGather(torch.autograd.Function):
     def forward(ctx: Any, tensor: Tensor, group: Any | None, world_size: int) -> Tensor:
         ctx.group = group
         ctx.rank = dist.get_rank(group)
-        return gather_flat(tensor, group, world_size)
+        # The stacked tensor itself, not a view of a flat one: autograd refuses in-place changes to views made
+        # inside a Function's forward (users modify gathered tensors in place).
+        out = tensor.new_empty((world_size, *tensor.shape))
+        _gather_single(out.view(-1), tensor.reshape(-1), group)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:

@@ -13,6 +13,7 @@ from torch.overrides import TorchFunctionMode
 
 from fabric import _collectives
 from fabric.utilities import distributed as fabric_dist
+from fabric.utilities.direct_calls import DirectGroup
 
 # What makes a CUDA or XLA tensor wait for its device (and, on XLA, run the pending graph) to hand values to Python.
 _SYNCS = {Tensor.item, Tensor.tolist, Tensor.cpu, Tensor.numpy, Tensor.__bool__, Tensor.__int__, Tensor.__float__}
@@ -88,16 +89,21 @@ def test_strategy_gather_is_one_gather_into_a_preallocated_tensor(
     one_rank_group: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-    real = fabric_dist._gather_single
+    real, real_direct = fabric_dist._gather_single, DirectGroup.gather_into
 
     def gather_single(out: Tensor, tensor: Tensor, group: Any = None) -> Any:
         calls.append((tuple(out.shape), tuple(tensor.shape)))
         return real(out, tensor, group=group)
 
+    def gather_into(self: DirectGroup, out: Tensor, tensor: Tensor) -> None:
+        calls.append((tuple(out.shape), tuple(tensor.shape)))
+        real_direct(self, out, tensor)
+
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("no list gather plus torch.stack")
 
     monkeypatch.setattr(fabric_dist, "_gather_single", gather_single)
+    monkeypatch.setattr(DirectGroup, "gather_into", gather_into)
     monkeypatch.setattr(dist, "all_gather", refuse)
     monkeypatch.setattr(torch, "stack", refuse)
     x = torch.arange(6.0).view(2, 3)
