@@ -78,8 +78,9 @@ class Fabric:
         self._collective_device: torch.device | None = None  # the root device, once a collective asked for it
         self._backward_state = _BackwardState()
         # No loss scaling or strategy step in backward: `fabric.backward(loss)` is `loss.backward()` (every step).
-        plain = self._strategy._runs_base("backward") and not self._strategy.precision.requires_fabric_backward
-        self._plain_backward = plain
+        tracked = self._strategy.precision.requires_fabric_backward  # the wrappers' output hooks read the state
+        self._plain_backward = self._strategy._runs_base("backward") and not tracked
+        self._tracked_backward = tracked
         self._preempt_announced = False
         if type(self).run is not Fabric.run:
             # Lightning's subclass style: MyFabric(...).run(args) launches the processes and runs it in each.
@@ -379,6 +380,9 @@ class Fabric:
             tensor.backward(*args, **kwargs)
             return
         module = model._forward_module if model is not None and isinstance(model, _FabricModule) else model
+        if not self._tracked_backward:  # nothing reads the state: no try/finally around it (DDP, every step)
+            self._strategy.backward(tensor, module, *args, **kwargs)
+            return
         self._backward_state.active = True
         try:
             self._strategy.backward(tensor, module, *args, **kwargs)

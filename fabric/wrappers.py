@@ -56,6 +56,8 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         self._forward_methods = _forward_methods.default_forward_methods(original_module)
         self._checked_methods: set[str] = set()
         self._plain_forward = not precision.changes_forward and backward_state is None and forward_guard is None
+        # Only the guard to lift (DDP and friends, 32-true): the common multi-process forward.
+        self._guarded_forward = not precision.changes_forward and backward_state is None and forward_guard is not None
         self._fabric_module_initialized = True
 
     @property
@@ -68,6 +70,12 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         if self._plain_forward:  # nothing to convert, guard or hook: the strategy's module, as raw torch calls it
             return self._forward_call(*args, **kwargs)
         guard = self._forward_guard
+        if self._guarded_forward and guard is not None:  # the strategy's module with the guard lifted, nothing else
+            guard.lift()
+            try:
+                return self._forward_call(*args, **kwargs)
+            finally:
+                guard.drop()
         if guard is not None:  # tells the original module's hook that this call comes through the strategy
             guard.lift()
         try:

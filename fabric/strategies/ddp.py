@@ -76,14 +76,15 @@ class DDPStrategy(ParallelStrategy):
 
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         """Backward through the precision plugin; DDP's gradient all_reduce is recorded like any collective."""
+        precision = self._precision or self.precision  # called here, not through super(): this runs every step
         if not self._backward_syncs(module):
-            super().backward(tensor, module, *args, **kwargs)
+            precision.backward(tensor, module, *args, **kwargs)
             return
-        # Recorded as the hot collectives are (plain calls, no scope object): this runs every step.
+        # Recorded as the hot collectives are (plain calls, no scope object).
         seq = 0
         try:
             seq = _diagnostics.enter("backward")
-            super().backward(tensor, module, *args, **kwargs)
+            precision.backward(tensor, module, *args, **kwargs)
         except RuntimeError as err:
             _diagnostics.failed(err, "backward", seq, self._timeout_words)
             raise
