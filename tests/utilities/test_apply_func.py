@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from fabric.utilities import apply_func
 from fabric.utilities.apply_func import apply_to_collection, convert_to_tensors, move_to_device
 
 Point = namedtuple("Point", ["x", "y"])
@@ -120,6 +121,30 @@ def test_move_to_device_plain_tensor() -> None:
     out = move_to_device(tensor, torch.device("cpu"))
     assert out.device.type == "cpu"
     assert torch.equal(out, tensor)
+
+
+def test_move_to_device_of_a_list_or_tuple_of_tensors_skips_the_collection_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x, y = torch.ones(2, 3), torch.arange(2)
+
+    def walked(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("(inputs, targets) needs no apply_to_collection")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(apply_func, "apply_to_collection", walked)
+        as_list, as_tuple = move_to_device([x, y], "cpu"), move_to_device((x, y), "cpu")
+    assert type(as_list) is list and type(as_tuple) is tuple
+    assert all(a is b for a, b in zip(as_list, (x, y), strict=True)), "already there: the same tensors, no copy"
+    assert all(a is b for a, b in zip(as_tuple, (x, y), strict=True))
+    # Anything else in the list or tuple takes the general walk, which keeps what it does not move.
+    custom = _Custom(returns_self=False)
+    mixed = move_to_device([x, 3, custom], "cpu")
+    assert mixed[1] == 3 and mixed[2] is custom and custom.calls == [torch.device("cpu")]
+    point = move_to_device(Point(x, y), "cpu")
+    assert type(point) is Point, "a namedtuple keeps its type"
+    param = move_to_device([torch.nn.Parameter(torch.ones(1))], "cpu")
+    assert isinstance(param[0], torch.nn.Parameter)
 
 
 class _Custom:
