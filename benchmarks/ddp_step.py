@@ -18,14 +18,21 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import emit, load_line, round_order, run_two_ranks
-from step_overhead import importable_frameworks, make_mlp, parse, print_profile, report, rounds_to_run
+from _common import emit, load_line, run_two_ranks
+from step_overhead import (
+    all_steps,
+    alternate,
+    importable_frameworks,
+    make_mlp,
+    parse,
+    print_profile,
+    report,
+    rounds_to_run,
+)
 
 # name -> (layer widths, batch size per rank, batches, batch cycles per round: steps per round = their product)
 MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {
@@ -71,32 +78,6 @@ def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabr
     return step
 
 
-def _all_steps(step: Callable[[int], None], steps: int) -> Callable[[], None]:
-    return lambda: [step(index) for index in range(steps)] and None
-
-
-def alternate(steps: dict[str, Callable[[int], None]], per_round: int, rounds: int) -> dict[str, list[float]]:
-    """Per contender, one per-step time (s) per round: the median of `per_round` single steps, each timed alone.
-
-    The contenders take turns step by step (the order flips every step, `round_order`), so every raw DDP step has
-    fabric's and Lightning's beside it under the same machine state; timing blocks of steps instead let the
-    scheduler's phases fall on one contender's block (per-round ratios then spread from 0.99x to 1.22x).
-    """
-    clock = time.perf_counter
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    orders = [round_order(list(steps), index) for index in range(2 * len(steps))]  # each name in each place
-    for _ in range(rounds):
-        times: dict[str, list[float]] = {name: [] for name in steps}
-        for index in range(per_round):
-            for name in orders[index % len(orders)]:
-                start = clock()
-                steps[name](index)
-                times[name].append(clock() - start)
-        for name, values in times.items():
-            samples[name].append(statistics.median(values))
-    return samples
-
-
 def _peer_fabric(framework: str) -> Any:
     """Lightning Fabric on the process group fabric created (it finds the group initialised and joins it)."""
     fab = __import__(framework).Fabric(accelerator="cpu", strategy="ddp", devices=WORLD_SIZE)
@@ -121,7 +102,7 @@ def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_s
     widths, batch, steps, blocks = (SMOKE_MODELS if smoke else MODELS)[model_name]
     names = ["fabric"] if profile_steps else frameworks.split(",")
     step_fns = {fw: _build(fw, widths, batch, profile_steps or steps, fabric) for fw in names}
-    runs = {fw: _all_steps(step, profile_steps or steps) for fw, step in step_fns.items()}
+    runs = {fw: all_steps(step, profile_steps or steps) for fw, step in step_fns.items()}
     for run in runs.values():  # warm up: allocator, DDP's bucket rebuild after the first step, lazy imports
         for _ in range(1 if smoke else max(2, 100 // steps)):
             run()

@@ -4,9 +4,10 @@ One training step is forward, loss, zero_grad, backward, optimizer step. Cases: 
 dominates) and a mid-size MLP, fed from pre-made tensors; and the tiny MLP fed by a DataLoader (through
 `setup_dataloaders`, or raw). Each case runs in one fresh process holding every contender (raw torch, fabric,
 and Lightning Fabric / Accelerate where this interpreter can import them), each with its own copy of the same
-model: rounds interleave them block by block, in an order that rotates and reverses every round, so a slow
-phase of the machine hits all of them. Each round gives one per-step time per contender (the median of its
-blocks); the ratio to raw is reported as the median and p25-p75 band of the per-round ratios.
+model: they take turns step by step, the order flipping every step, each step timed alone, so a slow phase of
+the machine hits all of them (blocks of steps drifted apart by up to 1.27x between contenders). Each round gives
+one per-step time per contender (the median of its steps); the ratio to raw is reported as the median and
+p25-p75 band of the per-round ratios.
 
 Run:  python benchmarks/step_overhead.py [--rounds 15]
       python benchmarks/step_overhead.py --profile 2000    # cProfile 2000 fabric steps of the tiny MLP
@@ -49,8 +50,12 @@ def make_mlp(widths: tuple[int, ...]) -> Any:
     return nn.Sequential(*layers)
 
 
-def _build(framework: str, widths: tuple[int, ...], batch: int, variant: str, steps: int) -> Callable[[], None]:
-    """Set up model, optimizer and data with `framework`; return a function running `steps` training steps."""
+def _build(framework: str, widths: tuple[int, ...], batch: int, variant: str, steps: int) -> Callable[[int], None]:
+    """Set up model, optimizer and data with `framework`; return a function running one training step.
+
+    From a loader, each step takes the next batch of the contender's own iterator (a new epoch when it ends), what
+    `for x, y in loader:` does; from tensors, step `index` uses batch `index % steps`.
+    """
     import torch
     from torch.nn.functional import cross_entropy
 
@@ -86,33 +91,46 @@ def _build(framework: str, widths: tuple[int, ...], batch: int, variant: str, st
         backward(loss)
         optimizer.step()
 
-    batches = [(xs[i * batch : (i + 1) * batch], ys[i * batch : (i + 1) * batch]) for i in range(steps)]
+    if loader is None:
+        batches = [(xs[i * batch : (i + 1) * batch], ys[i * batch : (i + 1) * batch]) for i in range(steps)]
+        return lambda index: step(*batches[index % steps])
+    current = [iter(loader)]
 
-    def run() -> None:
-        for x, y in loader if loader is not None else batches:
-            step(x, y)
+    def from_loader(index: int) -> None:
+        try:
+            x, y = next(current[0])
+        except StopIteration:  # the epoch ended: a new one, as the next pass of a `for` loop starts it
+            current[0] = iter(loader)
+            x, y = next(current[0])
+        step(x, y)
 
-    return run
+    return from_loader
 
 
-def interleave(
-    runs: dict[str, Callable[[], None]], steps: int, blocks: int, rounds: int, between: Callable[[], None] | None = None
-) -> dict[str, list[float]]:
-    """Per contender, one per-step time (s) per round: the median of `blocks` timed runs of `steps` steps.
+def all_steps(step: Callable[[int], None], steps: int) -> Callable[[], None]:
+    """A function running steps 0 .. steps-1 (warm-up and profiling)."""
+    return lambda: [step(index) for index in range(steps)] and None
 
-    `between` runs before each timed block, untimed (a barrier, so that ranks start a block together).
+
+def alternate(steps: dict[str, Callable[[int], None]], per_round: int, rounds: int) -> dict[str, list[float]]:
+    """Per contender, one per-step time (s) per round: the median of `per_round` single steps, each timed alone.
+
+    The contenders take turns step by step (the order flips every step, `round_order`), so every raw step has
+    fabric's and Lightning's beside it under the same machine state; timing blocks of steps instead let the
+    scheduler's phases fall on one contender's block (per-round ratios then spread from 0.99x to 1.22x).
     """
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    for r in range(rounds):
-        for name in round_order(list(runs), r):
-            times = []
-            for _ in range(blocks):
-                if between is not None:
-                    between()
-                start = time.perf_counter()
-                runs[name]()
-                times.append((time.perf_counter() - start) / steps)
-            samples[name].append(statistics.median(times))
+    clock = time.perf_counter
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    orders = [round_order(list(steps), index) for index in range(2 * len(steps))]  # each name in each place
+    for _ in range(rounds):
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        for index in range(per_round):
+            for name in orders[index % len(orders)]:
+                start = clock()
+                steps[name](index)
+                times[name].append(clock() - start)
+        for name, values in times.items():
+            samples[name].append(statistics.median(values))
     return samples
 
 
@@ -122,11 +140,11 @@ def worker(model_name: str, variant: str, rounds: int, frameworks: str, smoke: b
 
     torch.set_num_threads(1)
     widths, batch, steps, blocks = (SMOKE_MODELS if smoke else MODELS)[model_name]
-    runs = {fw: _build(fw, widths, batch, variant, steps) for fw in frameworks.split(",")}
-    for run in runs.values():  # warm up: allocator, autograd graph caches, lazy imports
+    step_fns = {fw: _build(fw, widths, batch, variant, steps) for fw in frameworks.split(",")}
+    for step in step_fns.values():  # warm up: allocator, autograd graph caches, lazy imports
         for _ in range(1 if smoke else max(2, 300 // steps)):
-            run()
-    emit({"samples": interleave(runs, steps, blocks, rounds), "threads": torch.get_num_threads()})
+            all_steps(step, steps)()
+    emit({"samples": alternate(step_fns, steps * blocks, rounds), "threads": torch.get_num_threads()})
 
 
 def importable_frameworks(peer_arg: str | None) -> list[str]:
@@ -163,7 +181,7 @@ def profile(n_steps: int) -> None:
     import pstats
 
     widths, batch = MODELS["tiny"][:2]
-    run = _build("fabric", widths, batch, "tensors", n_steps)
+    run = all_steps(_build("fabric", widths, batch, "tensors", n_steps), n_steps)
     run()  # warm
     prof = cProfile.Profile()
     prof.runcall(run)
@@ -227,7 +245,7 @@ def main() -> int:
         widths, batch, steps, blocks = (SMOKE_MODELS if args.smoke else MODELS)[model_name]
         title = (
             f"{model_name} MLP {'->'.join(map(str, widths))}, batch {batch}, data from {variant}; "
-            f"{rounds} interleaved rounds x {blocks} blocks x {steps} steps, 1 thread, one process"
+            f"{rounds} rounds x {blocks * steps} alternated steps, each timed alone, 1 thread, one process"
         )
         met = report(title, data["samples"], TARGET)
         exceeded |= model_name == "tiny" and not met

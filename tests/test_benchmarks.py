@@ -56,7 +56,7 @@ def _assert_paired_rows(out: str, raw: str) -> None:
 def test_step_overhead_smoke_pairs_raw_fabric_and_lightning_in_one_process() -> None:
     result = _run("step_overhead.py", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "tiny MLP 32->64->64->10, batch 32, data from tensors; 2 interleaved rounds" in result.stdout
+    assert "tiny MLP 32->64->64->10, batch 32, data from tensors; 2 rounds x 5 alternated steps" in result.stdout
     _assert_paired_rows(result.stdout, "raw torch")
 
 
