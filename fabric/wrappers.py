@@ -68,14 +68,14 @@ class _FabricModule(_DeviceDtypeModuleMixin):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # torch's Module.__call__ is two frames, a bound method and eight hook-table checks before forward (about
-        # 1.8 us per call); a plain forward with no hook on this wrapper and none global calls the module at once.
+        # 1.8 us per call). With no hook on this wrapper, none global, no compile and no JIT trace it would only call
+        # forward: do that at once (and a plain forward is the module's call itself).
         if (
-            self._plain_forward
-            and not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks)
+            not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks)
             and self._compiled_call_impl is None
             and not _has_global_hooks()
         ):
-            return self._forward_call(*args, **kwargs)
+            return self._forward_call(*args, **kwargs) if self._plain_forward else self.forward(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
