@@ -69,9 +69,9 @@ class _FabricModule(_DeviceDtypeModuleMixin):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # torch's Module.__call__ is two frames, a bound method and eight hook-table checks before forward (about
         # 1.8 us per call). With no hook on this wrapper, none global, no compile and no JIT trace it would only call
-        # forward: do that at once (and a plain forward is the module's call itself).
+        # forward, which for a plain forward is the module's own call: make that call at once.
         hooks = _module_globals  # torch's tables of hooks for every module, read inline: a call costs a frame here
-        if not (
+        if self._plain_forward and not (
             self._forward_hooks
             or self._forward_pre_hooks
             or self._backward_hooks
@@ -83,7 +83,9 @@ class _FabricModule(_DeviceDtypeModuleMixin):
             or hooks._global_backward_pre_hooks
             or torch._C._get_tracing_state()
         ):
-            return self._forward_call(*args, **kwargs) if self._plain_forward else self.forward(*args, **kwargs)
+            return self._forward_call(*args, **kwargs)
+        # A forward with work of its own (a guard to lift, a precision policy) through torch's call, as before: taken
+        # through this shortcut, the DDP step measured 1.031x and 1.054x raw against 1.010x and 1.014x.
         return super().__call__(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

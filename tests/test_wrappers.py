@@ -83,9 +83,9 @@ def test_a_plain_call_skips_torchs_module_call_and_hooks_still_run(monkeypatch: 
 
     monkeypatch.setattr(_FabricModule, "_call_impl", torch_call)
     assert torch.equal(wrapped(x), wrapped.module(x)), "no hook anywhere: the module is called at once"
-    mixed = _wrap(_UserModel(), MixedPrecision("bf16-mixed", device="cpu"))
-    assert mixed(x).dtype == torch.float32, "a forward with work of its own runs without torch's call too"
     monkeypatch.undo()
+    mixed = _wrap(_UserModel(), MixedPrecision("bf16-mixed", device="cpu"))
+    assert mixed(x).dtype == torch.float32, "a forward with work of its own goes through torch's call"
     seen: list[str] = []
     handle = wrapped.register_forward_hook(lambda module, args, output: seen.append("wrapper hook"))
     wrapped(x)
