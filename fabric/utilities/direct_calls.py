@@ -95,6 +95,9 @@ def _make(world: Any) -> DirectGroup | None:
         return None
 
 
-def plain(tensor: Tensor) -> bool:
-    """Whether `torch.distributed`'s functions would pass `tensor` to the backend as it is, outside autograd."""
-    return type(tensor) is Tensor and not tensor.requires_grad and not tensor.is_complex()
+def direct_for(tensor: Tensor, group: Any | None) -> DirectGroup | None:
+    """The default group's direct calls for a collective on `tensor`; None where `torch.distributed`'s functions
+    must be used: a subgroup, or a tensor they would not pass to the backend as it is (outside autograd)."""
+    if group is not None or type(tensor) is not Tensor or tensor.requires_grad or tensor.is_complex():
+        return None
+    return direct_group()

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fabric.utilities.direct_calls import direct_group, plain
+from fabric.utilities.direct_calls import direct_for
 from fabric.utilities.exceptions import FabricValueError
 from fabric.utilities.shared_filesystem import is_shared_filesystem as is_shared_filesystem  # Lightning's path
 from fabric.utilities.types import ReduceOp as ReduceOp  # Lightning's path
@@ -65,8 +65,8 @@ def all_reduce(tensor: Tensor, reduce_op: Any, group: Any | None = None) -> Tens
     else:
         # The one copy the call needs (the input is left unchanged); contiguous, as the backends require.
         result = tensor.clone() if tensor.is_contiguous() else tensor.clone(memory_format=torch.contiguous_format)
-    direct = direct_group() if group is None else None
-    if direct is not None and plain(result):
+    direct = direct_for(result, group)
+    if direct is not None:
         direct.all_reduce(result, op)
         size = direct.size
     else:
@@ -108,14 +108,12 @@ def gather_flat(tensor: Tensor, group: Any | None) -> Tensor:
     local ranks notices even a keyword argument or a second shape tuple).
     """
     flat = tensor.reshape(-1)  # a view where it can be, else the one copy the backend needs
-    direct = direct_group() if group is None else None
-    if direct is not None and plain(flat):
-        size = direct.size
-        out = tensor.new_empty(size * tensor.numel())
+    direct = direct_for(flat, group)
+    size = direct.size if direct is not None else group_size(group)
+    out = tensor.new_empty(size * tensor.numel())
+    if direct is not None:
         direct.gather_into(out, flat)
     else:
-        size = group_size(group)
-        out = tensor.new_empty(size * tensor.numel())
         # Into a view: torch 2.13 refuses to gather a tensor that requires grad into the base tensor itself
         # ("a view was created in no_grad mode ...").
         _gather_single(out.view(-1), flat, group)

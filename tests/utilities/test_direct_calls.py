@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from fabric.utilities import direct_calls
 from fabric.utilities import distributed as fabric_dist
-from fabric.utilities.direct_calls import DirectGroup, direct_group, plain
+from fabric.utilities.direct_calls import DirectGroup, direct_for, direct_group
 
 
 @pytest.fixture
@@ -58,11 +58,12 @@ def test_fabric_collectives_go_direct_only_for_plain_real_tensors(
     assert used == [], "complex, requires_grad and an explicit group take torch.distributed's functions"
 
 
-def test_plain_is_a_real_tensor_outside_autograd() -> None:
-    assert plain(torch.ones(2))
-    assert not plain(torch.nn.Parameter(torch.ones(2)))
-    assert not plain(torch.ones(2, dtype=torch.complex64))
-    assert not plain(torch.ones(2, requires_grad=True))
+def test_direct_calls_are_for_plain_real_tensors_outside_autograd_on_the_default_group(one_rank_group: None) -> None:
+    assert direct_for(torch.ones(2), None) is direct_group() is not None
+    assert direct_for(torch.nn.Parameter(torch.ones(2)), None) is None
+    assert direct_for(torch.ones(2, dtype=torch.complex64), None) is None
+    assert direct_for(torch.ones(2, requires_grad=True), None) is None
+    assert direct_for(torch.ones(2), dist.group.WORLD) is None, "an explicit group takes torch's functions"
 
 
 def test_the_cache_does_not_keep_a_destroyed_group_alive(one_rank_group: None) -> None:
