@@ -50,11 +50,26 @@ def run_checks(checks: Mapping[str, Callable[[Path], Any]], devices: int) -> Non
     outdir = outdir_from_argv()
     base = Fabric(accelerator="cpu", devices=devices, strategy="ddp")
     base.launch()
-    results: dict[str, Any] = {}
+    results = run_each(checks, lambda check: check(outdir), base.barrier)
+    torch.save(results, outdir / f"rank{base.global_rank}.pt")
+
+
+def run_each(
+    checks: Mapping[str, Callable[..., Any]],
+    call: Callable[[Callable[..., Any]], Any],
+    barrier: Callable[[], Any],
+    results: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run every check as `call(check)` into `results` (check name -> what it returned, or {"error": traceback}).
+
+    A check that raises does not stop the next; `barrier` after each keeps the ranks in step. Pass `results` to
+    keep what was collected when a barrier itself fails (save it in a `finally`).
+    """
+    results = {} if results is None else results
     for name, check in checks.items():
         try:
-            results[name] = check(outdir)
+            results[name] = call(check)
         except Exception:
             results[name] = {"error": traceback.format_exc()}
-        base.barrier()
-    torch.save(results, outdir / f"rank{base.global_rank}.pt")
+        barrier()
+    return results

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import outdir_from_argv
+from _it_common import outdir_from_argv, run_each
 from torch import nn
 
 from fabric import Fabric
@@ -217,12 +217,7 @@ def rank_main(rank: int, port: int, outdir: Path) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     results: dict[str, Any] = {}
     try:
-        for name, check in CHECKS.items():
-            try:
-                results[name] = check(rank, outdir)
-            except Exception:
-                results[name] = {"error": traceback.format_exc()}
-            dist.barrier()
+        run_each(CHECKS, lambda check: check(rank, outdir), dist.barrier, results)
     finally:
         torch.save(results, outdir / f"rank{rank}.pt")
         dist.destroy_process_group()

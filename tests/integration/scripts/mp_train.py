@@ -6,13 +6,12 @@ Each rank writes OUTDIR/rank{N}.pt: check name -> what this rank observed (or {"
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from _it_common import outdir_from_argv
+from _it_common import outdir_from_argv, run_each
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -146,12 +145,7 @@ def main() -> None:
     strategy = fabric.strategy
     assert isinstance(strategy, ModelParallelStrategy)
     results: dict[str, Any] = {"auto_sizes": (strategy.data_parallel_size, strategy.tensor_parallel_size)}
-    for name, check in CHECKS.items():
-        try:
-            results[name] = check(fabric)
-        except Exception:
-            results[name] = {"error": traceback.format_exc()}
-        fabric.barrier()
+    run_each(CHECKS, lambda check: check(fabric), fabric.barrier, results)
     torch.save(results, outdir / f"rank{fabric.global_rank}.pt")
 
 
