@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 from torch.nn import Module
-from torch.nn.modules import module as _module_globals
 from torch.optim import Optimizer
 
 from fabric import _forward_methods
@@ -59,6 +58,7 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         self._plain_forward = not precision.changes_forward and backward_state is None and forward_guard is None
         # Only the guard to lift (DDP and friends, 32-true): the common multi-process forward.
         self._guarded_forward = not precision.changes_forward and backward_state is None and forward_guard is not None
+        self._route_call()
         self._fabric_module_initialized = True
 
     @property
@@ -67,26 +67,37 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         return self._original_module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # torch's Module.__call__ is two frames, a bound method and eight hook-table checks before forward (about
-        # 1.8 us per call). With no hook on this wrapper, none global, no compile and no JIT trace it would only call
-        # forward, which for a plain forward is the module's own call: make that call at once.
-        hooks = _module_globals  # torch's tables of hooks for every module, read inline: a call costs a frame here
-        if self._plain_forward and not (
+        # torch's Module.__call__ is two frames and eight hook-table checks before forward, and even checking those
+        # tables here cost about 4 us in a tiny training step (the kernels in between evict the interpreter's
+        # working set). So what a call runs is decided when it can change (_route_call), not per call.
+        direct = self._fabric_call
+        if direct is not None:
+            return direct(*args, **kwargs)
+        return Module.__call__(self, *args, **kwargs)
+
+    def _route_call(self) -> None:
+        """Decide what `__call__` runs: the strategy's module at once (a plain forward), that call with the guard
+        lifted (the common multi-process forward), or torch's Module.__call__ (None: hooks on this wrapper, a
+        compiled call, or a precision policy to apply). Run at setup and whenever a hook or compile is added.
+
+        A wrapper that once had a hook keeps torch's call after the hook is removed: correct, a little slower.
+        Global module hooks run on the user's module and its children, as without fabric.
+        """
+        call: Callable[..., Any] | None = None
+        if (
             self._forward_hooks
             or self._forward_pre_hooks
             or self._backward_hooks
             or self._backward_pre_hooks
             or self._compiled_call_impl is not None
-            or hooks._global_forward_hooks
-            or hooks._global_forward_pre_hooks
-            or hooks._global_backward_hooks
-            or hooks._global_backward_pre_hooks
-            or torch._C._get_tracing_state()
         ):
-            return self._forward_call(*args, **kwargs)
-        # A forward with work of its own (a guard to lift, a precision policy) keeps torch's call: the shortcut showed
-        # no gain on the DDP step (1.031x and 1.054x raw with it, 1.041x without, inside the run-to-run noise).
-        return super().__call__(*args, **kwargs)
+            call = None
+        elif self._plain_forward:
+            call = self._forward_call
+        elif self._guarded_forward and self._forward_guard is not None:
+            call = partial(_call_guarded, self._forward_guard, self._forward_call)
+        # In __dict__ without Module.__setattr__: the strategy's module must not become a submodule a second time.
+        object.__setattr__(self, "_fabric_call", call)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Convert inputs, run forward under autocast/dtype policy, convert outputs."""
@@ -94,11 +105,7 @@ class _FabricModule(_DeviceDtypeModuleMixin):
             return self._forward_call(*args, **kwargs)
         guard = self._forward_guard
         if self._guarded_forward and guard is not None:  # the strategy's module with the guard lifted, nothing else
-            guard.lift()
-            try:
-                return self._forward_call(*args, **kwargs)
-            finally:
-                guard.drop()
+            return _call_guarded(guard, self._forward_call, *args, **kwargs)
         if guard is not None:  # tells the original module's hook that this call comes through the strategy
             guard.lift()
         try:
@@ -149,11 +156,51 @@ class _FabricModule(_DeviceDtypeModuleMixin):
 
     def __setattr__(self, name: str, value: Any) -> None:
         # The wrapper's own attributes and properties (device, dtype) stay its own; everything else is the user's.
-        own = name in self.__dict__ or isinstance(getattr(type(self), name, None), property)
-        if own or "_fabric_module_initialized" not in self.__dict__:
+        # Module.compile() sets _compiled_call_impl (a class attribute until then) on the module it is called on.
+        own = name in self.__dict__ or name == "_compiled_call_impl"
+        if (
+            own
+            or isinstance(getattr(type(self), name, None), property)
+            or "_fabric_module_initialized" not in self.__dict__
+        ):
             super().__setattr__(name, value)
+            if name == "_compiled_call_impl":  # calls must now go through torch's call, which runs it
+                self._route_call()
             return
         setattr(self._original_module, name, value)
+
+
+def _rerouting(name: str) -> Callable[..., Any]:
+    """Module's hook registration `name`, which then re-decides what the wrapper's call runs."""
+    register = getattr(Module, name)
+
+    def method(self: _FabricModule, *args: Any, **kwargs: Any) -> Any:
+        handle = register(self, *args, **kwargs)
+        self._route_call()
+        return handle
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = register.__doc__
+    return method
+
+
+for _name in (
+    "register_forward_pre_hook",
+    "register_forward_hook",
+    "register_backward_hook",
+    "register_full_backward_pre_hook",
+    "register_full_backward_hook",
+):
+    setattr(_FabricModule, _name, _rerouting(_name))
+
+
+def _call_guarded(guard: _ForwardGuard, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`call` with the guard against direct calls of the original module lifted."""
+    guard.lift()
+    try:
+        return call(*args, **kwargs)
+    finally:
+        guard.drop()
 
 
 def _hook_outputs(output: Any, state: _BackwardState) -> None:

@@ -87,6 +87,7 @@ def test_a_plain_call_skips_torchs_module_call_and_hooks_still_run(monkeypatch: 
     mixed = _wrap(_UserModel(), MixedPrecision("bf16-mixed", device="cpu"))
     assert mixed(x).dtype == torch.float32, "a forward with work of its own goes through torch's call"
     seen: list[str] = []
+    wrapped(x)  # called before any hook: what a call runs is decided again when a hook comes
     handle = wrapped.register_forward_hook(lambda module, args, output: seen.append("wrapper hook"))
     wrapped(x)
     handle.remove()
@@ -97,6 +98,77 @@ def test_a_plain_call_skips_torchs_module_call_and_hooks_still_run(monkeypatch: 
     wrapped._compiled_call_impl = lambda *args, **kwargs: calls.append("compiled")  # what Module.compile() sets
     wrapped(x)
     assert calls == ["compiled"]
+
+
+@pytest.mark.parametrize(
+    "register",
+    [
+        lambda m, seen: m.register_forward_pre_hook(lambda *a: seen.append("forward pre")),
+        lambda m, seen: m.register_forward_pre_hook(lambda *a, **k: seen.append("forward pre"), with_kwargs=True),
+        lambda m, seen: m.register_forward_hook(lambda *a: seen.append("forward")),
+        lambda m, seen: m.register_full_backward_pre_hook(lambda *a: seen.append("backward pre")),
+        lambda m, seen: m.register_full_backward_hook(lambda *a: seen.append("backward")),
+    ],
+    ids=["forward pre", "forward pre with kwargs", "forward", "full backward pre", "full backward"],
+)
+def test_a_hook_registered_on_the_wrapper_after_calls_runs(register: Any) -> None:
+    wrapped = _wrap(_UserModel())
+    x = torch.ones(3, 4, requires_grad=True)
+    wrapped(x).sum().backward()
+    seen: list[str] = []
+    register(wrapped, seen)
+    wrapped(x).sum().backward()
+    assert len(seen) == 1, f"the hook ran {len(seen)} times in one forward and backward: {seen}"
+
+
+def test_module_compile_of_the_wrapper_runs_compiled() -> None:
+    wrapped = _wrap(_UserModel())
+    x = torch.randn(3, 4)
+    wrapped.compile(backend="eager")
+    assert wrapped._compiled_call_impl is not None and wrapped._fabric_call is None
+    assert torch.equal(wrapped(x), wrapped.module(x))
+
+
+def test_the_wrapper_compiles_traces_copies_and_saves_with_its_own_module(tmp_path: Any) -> None:
+    import copy
+
+    wrapped = _wrap(_UserModel())
+    x = torch.randn(3, 4)
+    expected = wrapped.module(x)
+    assert torch.equal(torch.compile(wrapped, backend="eager", fullgraph=True)(x), expected)
+    assert torch.equal(torch.compile(lambda t: wrapped(t) * 2, backend="eager", fullgraph=True)(x), expected * 2)
+    assert torch.equal(torch.jit.trace(wrapped, x)(x), expected)
+    copied = copy.deepcopy(wrapped)
+    torch.save(wrapped, tmp_path / "wrapped.pt")
+    loaded = torch.load(tmp_path / "wrapped.pt", weights_only=False)
+    for other in (copied, loaded):
+        with torch.no_grad():
+            other.module.layer.weight.add_(1.0)
+        assert torch.equal(other(x), other.module(x)), "a copy calls its own module"
+        assert not torch.equal(other(x), expected)
+    assert torch.equal(wrapped(x), expected), "the original is untouched"
+
+
+def test_a_guarded_call_lifts_the_guard_only_while_it_runs() -> None:
+    from fabric._forward_methods import _ForwardGuard
+
+    class _Failing(_UserModel):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[-1] != 4:
+                raise ValueError(f"expected 4 features, got {x.shape[-1]}")
+            return super().forward(x)
+
+    model = _Failing()
+    guard = _ForwardGuard()
+    depths: list[int] = []
+    model.register_forward_pre_hook(lambda *a: depths.append(guard.depth))
+    wrapped = _FabricModule(model, model, Precision(), forward_guard=guard)
+    assert wrapped._fabric_call is not None, "a guarded forward skips torch's call on the wrapper"
+    x = torch.ones(3, 4)
+    assert torch.equal(wrapped(x), model(x)) and depths == [1, 0], "lifted in the wrapper's call, not after"
+    with pytest.raises(ValueError, match="expected 4 features"):
+        wrapped(torch.ones(3, 5))
+    assert guard.depth == 0, "a failing forward drops the guard again"
 
 
 def test_attributes_and_methods_of_the_user_module_pass_through() -> None:
