@@ -95,7 +95,7 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         elif self._plain_forward:
             call = self._forward_call
         elif self._guarded_forward and self._forward_guard is not None:
-            call = partial(_call_guarded, self._forward_guard, self._forward_call)
+            call = partial(self._forward_guard.call, self._forward_call)
         # In __dict__ without Module.__setattr__: the strategy's module must not become a submodule a second time.
         object.__setattr__(self, "_fabric_call", call)
 
@@ -105,7 +105,7 @@ class _FabricModule(_DeviceDtypeModuleMixin):
             return self._forward_call(*args, **kwargs)
         guard = self._forward_guard
         if self._guarded_forward and guard is not None:  # the strategy's module with the guard lifted, nothing else
-            return _call_guarded(guard, self._forward_call, *args, **kwargs)
+            return guard.call(self._forward_call, *args, **kwargs)
         if guard is not None:  # tells the original module's hook that this call comes through the strategy
             guard.lift()
         try:
@@ -192,15 +192,6 @@ for _name in (
     "register_full_backward_hook",
 ):
     setattr(_FabricModule, _name, _rerouting(_name))
-
-
-def _call_guarded(guard: _ForwardGuard, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`call` with the guard against direct calls of the original module lifted."""
-    guard.lift()
-    try:
-        return call(*args, **kwargs)
-    finally:
-        guard.drop()
 
 
 def _hook_outputs(output: Any, state: _BackwardState) -> None:

@@ -80,11 +80,16 @@ class DDPStrategy(ParallelStrategy):
         if not self._backward_syncs(module):
             precision.backward(tensor, module, *args, **kwargs)
             return
-        # Recorded as the hot collectives are (plain calls, no scope object).
+        # Recorded as the hot collectives are (plain calls, no scope object). A base precision only calls torch's
+        # backward: called here, one frame less.
+        plain = type(precision).backward is Precision.backward
         seq = 0
         try:
             seq = _diagnostics.enter("backward")
-            precision.backward(tensor, module, *args, **kwargs)
+            if plain:
+                tensor.backward(*args, **kwargs)
+            else:
+                precision.backward(tensor, module, *args, **kwargs)
         except RuntimeError as err:
             _diagnostics.failed(err, "backward", seq, self._timeout_words)
             raise
@@ -96,9 +101,10 @@ class DDPStrategy(ParallelStrategy):
         if module is not None:
             return _syncs_gradients(module)
         # fabric.backward(loss) rarely names the model: then any model of ours that syncs makes it a collective.
-        # A loop, not any(...): no generator per step.
-        for ref in self._ddp_modules:  # noqa: SIM110
-            if _syncs_gradients(ref()):
+        # A loop reading DDP's flags itself, not any(...) or a call per model: this runs every step.
+        for ref in self._ddp_modules:
+            ddp = ref()
+            if getattr(ddp, "require_backward_grad_sync", False) and hasattr(ddp, "reducer"):
                 return True
         return False
 
@@ -118,5 +124,6 @@ class DDPStrategy(ParallelStrategy):
 
 def _syncs_gradients(module: Module | None) -> bool:
     """Whether a backward through `module` all-reduces gradients (a DDP module outside no_sync)."""
-    # DDP's own flag, without importing DDP (its import costs tens of ms): no_sync() turns it off.
+    # DDP's own flag, without importing DDP (its import costs tens of ms): no_sync() turns it off. The same test
+    # is written out in DDPStrategy._backward_syncs' loop.
     return bool(getattr(module, "require_backward_grad_sync", False)) and hasattr(module, "reducer")
