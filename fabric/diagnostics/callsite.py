@@ -16,21 +16,27 @@ from types import CodeType, FrameType
 _FABRIC_DIRS = {str(Path(__file__).parent.parent) + os.sep, str(Path(__file__).resolve().parent.parent) + os.sep}
 # contextlib's frames sit between fabric's frames when a collective is issued from a `with` block in fabric.
 _SKIPPED = (*_FABRIC_DIRS, str(Path(contextlib.__file__)))
-# co_filename -> whether frames of that file are skipped; one entry per source file, so it stays small.
-_SKIP_FILE: dict[str, bool] = {}
+
+
+class _SkipFiles(dict[str, bool]):
+    """co_filename -> whether frames of that file are skipped; one entry per source file, so it stays small.
+
+    A hit is dict's own lookup (no Python call): the walk below runs on every recorded collective.
+    """
+
+    def __missing__(self, filename: str) -> bool:
+        skip = self[filename] = filename.startswith(_SKIPPED)
+        return skip
+
+
+SKIP_FILE = _SkipFiles()
 
 
 def outside_fabric(frame: FrameType | None) -> FrameType | None:
     """`frame` or the first frame above it that is not fabric's (None: the whole stack is fabric's)."""
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        skip = _SKIP_FILE.get(filename)
-        if skip is None:
-            skip = _SKIP_FILE[filename] = filename.startswith(_SKIPPED)
-        if not skip:
-            return frame
+    while frame is not None and SKIP_FILE[frame.f_code.co_filename]:
         frame = frame.f_back
-    return None
+    return frame
 
 
 def site_text(code: CodeType | None, offset: int) -> str:
