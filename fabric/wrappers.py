@@ -83,19 +83,13 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         A wrapper that once had a hook keeps torch's call after the hook is removed: correct, a little slower.
         Global module hooks run on the user's module and its children, as without fabric.
         """
-        call: Callable[..., Any] | None = None
-        if (
-            self._forward_hooks
-            or self._forward_pre_hooks
-            or self._backward_hooks
-            or self._backward_pre_hooks
-            or self._compiled_call_impl is not None
-        ):
-            call = None
-        elif self._plain_forward:
-            call = self._forward_call
-        elif self._guarded_forward and self._forward_guard is not None:
-            call = partial(self._forward_guard.call, self._forward_call)
+        call: Callable[..., Any] | None = None  # torch's call, which runs hooks, a compiled call and forward
+        hooked = self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
+        if not hooked and self._compiled_call_impl is None:
+            if self._plain_forward:
+                call = self._forward_call
+            elif self._guarded_forward and self._forward_guard is not None:
+                call = partial(self._forward_guard.call, self._forward_call)
         # In __dict__ without Module.__setattr__: the strategy's module must not become a submodule a second time.
         object.__setattr__(self, "_fabric_call", call)
 

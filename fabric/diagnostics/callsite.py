@@ -21,7 +21,7 @@ _SKIPPED = (*_FABRIC_DIRS, str(Path(contextlib.__file__)))
 class _SkipFiles(dict[str, bool]):
     """co_filename -> whether frames of that file are skipped; one entry per source file, so it stays small.
 
-    A hit is dict's own lookup (no Python call): the walk below runs on every recorded collective.
+    A hit is dict's own lookup (no Python call): `outside_fabric` runs on every recorded collective.
     """
 
     def __missing__(self, filename: str) -> bool:
@@ -29,12 +29,12 @@ class _SkipFiles(dict[str, bool]):
         return skip
 
 
-SKIP_FILE = _SkipFiles()
+_SKIP_FILE = _SkipFiles()
 
 
 def outside_fabric(frame: FrameType | None) -> FrameType | None:
     """`frame` or the first frame above it that is not fabric's (None: the whole stack is fabric's)."""
-    while frame is not None and SKIP_FILE[frame.f_code.co_filename]:
+    while frame is not None and _SKIP_FILE[frame.f_code.co_filename]:
         frame = frame.f_back
     return frame
 

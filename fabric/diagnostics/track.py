@@ -8,12 +8,12 @@ import sys
 import warnings
 import weakref
 from collections.abc import Callable, MutableMapping
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import torch.distributed as dist
 
-from fabric.diagnostics.callsite import SKIP_FILE, outside_fabric
+from fabric.diagnostics.callsite import outside_fabric
 from fabric.diagnostics.check import CollectiveMismatchError, check_same_collective
 from fabric.diagnostics.explain import explain, failure_kind
 from fabric.diagnostics.record import CollectiveRecorder
@@ -166,9 +166,7 @@ def enter(op: str, args: tuple[Any, ...] = (), group: Any = None) -> int:
         # The common call, on the default group's recorder cached when the group started. A group destroyed without
         # fabric's teardown leaves it stale until the next group's setup: harmless here (strategies issue nothing
         # without a group, and counting into a record nobody reads changes nothing); `failed` checks it.
-        frame: FrameType | None = sys._getframe(1)
-        while frame is not None and SKIP_FILE[frame.f_code.co_filename]:  # outside_fabric(), without its call
-            frame = frame.f_back
+        frame = outside_fabric(sys._getframe(1))
         return recorder.enter(op, frame.f_code, frame.f_lasti) if frame is not None else recorder.enter(op, None, -1)
     recorder = _recorder(group)
     if recorder is None:
