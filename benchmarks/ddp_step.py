@@ -8,18 +8,30 @@ every step), each step timed alone on rank 0: each round gives one per-step time
 steps), and the ratio to raw DDP is reported as the median and p25-p75 band of the per-round ratios: both sides of
 each ratio ran in the same processes, moments apart.
 
-Run:  python benchmarks/ddp_step.py [--rounds 15]
+Two things keep the noise of this machine (2 cores, 2 ranks, each with its gloo threads) out of the ratio:
+- Each rank's threads are pinned to a core of their own (rank r on core r; `--no-pin` leaves them to the
+  scheduler). Unpinned, each step's end is a race between the ranks' threads for the two cores, and a few
+  hundred nanoseconds more or less of Python before `backward` decide who waits: one `sys._getframe()` call
+  before `loss.backward()` moved the raw step by +25 to +34 us (2-3%) unpinned, and by nothing pinned.
+- A second copy of raw DDP runs as a contender ("control"): its ratio to raw DDP is what two identical
+  contenders differ by in this run, the floor under every other ratio.
+- The tiny MLP runs TINY_ROUNDS_FACTOR times the rounds (a round of it takes about a second): with 9 rounds,
+  the median ratio of one run moved by about 1% from run to run; with 61, by about 0.6%.
+
+Run:  python benchmarks/ddp_step.py [--rounds 15] [--no-pin]
       python benchmarks/ddp_step.py --profile 2000   # cProfile 2000 fabric DDP steps on rank 0
       python benchmarks/ddp_step.py --smoke          # a quick run of the code paths: no numbers to keep
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from _common import emit, load_line, run_two_ranks
@@ -39,6 +51,7 @@ MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {
     "tiny": ((32, 64, 64, 10), 32, 50, 4),
     "small": ((256, 1024, 1024, 256), 64, 10, 2),
 }
+TINY_ROUNDS_FACTOR = 5
 SMOKE_MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {"tiny": ((32, 64, 64, 10), 32, 5, 1)}
 WORLD_SIZE = 2
 TARGET = 1.02
@@ -58,7 +71,7 @@ def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabr
     xs = torch.randn(steps, batch, widths[0], generator=gen)
     batches = list(zip(xs, torch.randint(0, widths[-1], (steps, batch), generator=gen), strict=True))
     backward: Callable[[Any], None] = lambda loss: loss.backward()  # noqa: E731
-    if framework == "raw":
+    if framework in ("raw", "raw2"):
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model)
@@ -85,7 +98,19 @@ def _peer_fabric(framework: str) -> Any:
     return fab
 
 
-def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_steps: int) -> None:
+def _pin_threads(rank: int) -> bool:
+    """Every thread of this rank (gloo's and fabric's too) on core `rank`; threads started later inherit it.
+    False where the machine has fewer cores than ranks, or no affinity call (not Linux)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < WORLD_SIZE:
+        return False
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task.name), {cores[rank]})
+    return True
+
+
+def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_steps: int, pin: bool) -> None:
     """One rank: build every contender, warm up, interleave the rounds; rank 0 prints the samples as JSON."""
     import faulthandler
 
@@ -99,6 +124,7 @@ def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_s
     torch.set_num_threads(1)
     fabric = Fabric(accelerator="cpu", strategy="ddp", devices=WORLD_SIZE)
     fabric.launch()  # creates the process group, as a user's script does
+    pinned = pin and _pin_threads(fabric.global_rank)  # after launch: gloo's threads exist now
     widths, batch, steps, blocks = (SMOKE_MODELS if smoke else MODELS)[model_name]
     names = ["fabric"] if profile_steps else frameworks.split(",")
     step_fns = {fw: _build(fw, widths, batch, profile_steps or steps, fabric) for fw in names}
@@ -112,7 +138,8 @@ def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_s
         dist.barrier()
         samples = alternate(step_fns, steps * blocks, rounds)
         if dist.get_rank() == 0:
-            emit({"samples": samples, "world_size": dist.get_world_size(), "backend": dist.get_backend()})
+            job = {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "pinned": pinned}
+            emit({"samples": samples, **job})
     dist.barrier()
     dist.destroy_process_group()
 
@@ -135,27 +162,34 @@ def _profile(run: Callable[[], None], steps: int) -> None:
     emit({"profile": text.getvalue()})
 
 
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-pin", action="store_true", help="leave the ranks' threads to the scheduler")
+
+
 def main() -> int:
-    args = parse()
+    args = parse(more=_options)
     if args.worker:
         model_name, _, rounds, frameworks = args.worker
-        worker(model_name, int(rounds), frameworks, args.smoke, args.profile or 0)
+        worker(model_name, int(rounds), frameworks, args.smoke, args.profile or 0, not args.no_pin)
         return 0
     if args.profile:
         argv = [__file__, "--worker", "tiny", "-", "1", "fabric", "--profile", str(args.profile)]
         print(run_two_ranks(argv, {"MKL_NUM_THREADS": "1"}, timeout=WORKER_TIMEOUT_S + 60).get("profile", ""))
         return 0
     frameworks = importable_frameworks(args.peer_python)
+    frameworks.insert(frameworks.index("raw") + 1, "raw2")  # the control: raw DDP against itself
     print(load_line())
-    rounds = rounds_to_run(args)
+    base_rounds = rounds_to_run(args)
     for model_name, (widths, batch, steps, blocks) in (SMOKE_MODELS if args.smoke else MODELS).items():
+        rounds = base_rounds * (TINY_ROUNDS_FACTOR if model_name == "tiny" and not args.smoke else 1)
         argv = [__file__, "--worker", model_name, "-", str(rounds), ",".join(frameworks)]
-        data = run_two_ranks([*argv, *(["--smoke"] if args.smoke else [])], {}, timeout=WORKER_TIMEOUT_S + 60)
+        argv += [*(["--smoke"] if args.smoke else []), *(["--no-pin"] if args.no_pin else [])]
+        data = run_two_ranks(argv, {}, timeout=WORKER_TIMEOUT_S + 60)
         assert data["world_size"] == WORLD_SIZE, data
         title = (
             f"DDP, {WORLD_SIZE} CPU processes (gloo), {model_name} MLP {'->'.join(map(str, widths))}, batch {batch}"
             f"/rank; one job, {rounds} rounds x {blocks * steps} alternated steps, each timed on rank 0, "
-            "1 thread/rank"
+            f"1 thread/rank, {'each rank pinned to a core' if data.get('pinned') else 'ranks not pinned to cores'}"
         )
         report(title, data["samples"], TARGET, raw_label="raw DDP")
     return 0

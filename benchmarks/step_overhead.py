@@ -37,7 +37,13 @@ BENCHES = (("tiny", "tensors"), ("tiny", "loader"), ("mid", "tensors"))
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 TARGET = 1.02
 RAW = "raw torch"
-FRAMEWORK_LABELS = {"raw": RAW, "fabric": "fabric", "lightning_fabric": "lightning_fabric", "accelerate": "accelerate"}
+FRAMEWORK_LABELS = {
+    "raw": RAW,
+    "raw2": "raw, 2nd copy (control)",
+    "fabric": "fabric",
+    "lightning_fabric": "lightning_fabric",
+    "accelerate": "accelerate",
+}
 
 
 def make_mlp(widths: tuple[int, ...]) -> Any:
@@ -215,13 +221,18 @@ def rounds_to_run(args: argparse.Namespace) -> int:
     return max(args.rounds, MIN_ROUNDS)
 
 
-def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse(
+    argv: Sequence[str] | None = None, more: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.Namespace:
+    """The options every step benchmark takes; `more` adds a script's own."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15, help=f"interleaved rounds (at least {MIN_ROUNDS})")
     parser.add_argument("--peer-python", help="accepted for run_all; peers run only if this interpreter has them")
     parser.add_argument("--profile", type=int, metavar="STEPS", help="only profile fabric on the tiny MLP")
     parser.add_argument("--smoke", action="store_true", help="2 short rounds of the tiny MLP: checks the code paths")
     parser.add_argument("--worker", nargs=4, metavar=("MODEL", "VARIANT", "ROUNDS", "FW"), help=argparse.SUPPRESS)
+    if more is not None:
+        more(parser)
     return parser.parse_args(argv)
 
 

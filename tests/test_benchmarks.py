@@ -68,6 +68,19 @@ def test_ddp_step_smoke_pairs_raw_ddp_with_fabric_in_one_process_group() -> None
         result.stdout
     )
     _assert_paired_rows(result.stdout, "raw DDP")
+    # The control (a second raw DDP) shows the noise floor; each rank runs on a core of its own (2 cores here).
+    _assert_ratio_row(result.stdout, "raw, 2nd copy (control)")
+    assert re.search(r"^ratio raw2 / raw: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=2\)", result.stdout, re.MULTILINE)
+    pinned = len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else False
+    assert ("1 thread/rank, each rank pinned to a core" if pinned else "ranks not pinned to cores") in result.stdout
+
+
+@pytest.mark.multiprocess
+def test_ddp_step_smoke_leaves_the_ranks_to_the_scheduler_when_asked() -> None:
+    result = _run("ddp_step.py", "--smoke", "--no-pin")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 thread/rank, ranks not pinned to cores" in result.stdout
+    _assert_paired_rows(result.stdout, "raw DDP")
 
 
 @pytest.mark.multiprocess
