@@ -32,7 +32,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from _common import emit, load_line, run_two_ranks
 from step_overhead import (
@@ -110,8 +110,9 @@ def _pin_threads(rank: int) -> bool:
     return True
 
 
-def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_steps: int, pin: bool) -> None:
-    """One rank: build every contender, warm up, interleave the rounds; rank 0 prints the samples as JSON."""
+def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_steps: int, pin: bool) -> NoReturn:
+    """One rank: build every contender, warm up, interleave the rounds; rank 0 prints the samples as JSON. Ends the
+    process (see the end)."""
     import faulthandler
 
     import torch
@@ -178,7 +179,6 @@ def main() -> int:
     if args.worker:
         model_name, _, rounds, frameworks = args.worker
         worker(model_name, int(rounds), frameworks, args.smoke, args.profile or 0, not args.no_pin)
-        return 0
     if args.profile:
         argv = [__file__, "--worker", "tiny", "-", "1", "fabric", "--profile", str(args.profile)]
         print(run_two_ranks(argv, {"MKL_NUM_THREADS": "1"}, timeout=WORKER_TIMEOUT_S + 60).get("profile", ""))
