@@ -381,7 +381,11 @@ class Fabric:
             return
         module = model._forward_module if model is not None and isinstance(model, _FabricModule) else model
         if not self._tracked_backward:  # nothing reads the state: no try/finally around it (DDP, every step)
-            self._strategy.backward(tensor, module, *args, **kwargs)
+            # Forwarding empty star-arguments builds a tuple and a dict per call (about 0.3 us, every step).
+            if args or kwargs:
+                self._strategy.backward(tensor, module, *args, **kwargs)
+            else:
+                self._strategy.backward(tensor, module)
             return
         self._backward_state.active = True
         try:

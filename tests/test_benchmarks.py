@@ -64,7 +64,7 @@ def test_step_overhead_smoke_pairs_raw_fabric_and_lightning_in_one_process() -> 
 def test_ddp_step_smoke_pairs_raw_ddp_with_fabric_in_one_process_group() -> None:
     result = _run("ddp_step.py", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "DDP, 2 CPU processes (gloo), tiny MLP 32->64->64->10, batch 32/rank; one job, 2 rounds x 5 alternated" in (
+    assert "DDP, 2 CPU processes (gloo), tiny MLP 32->64->64->10, batch 32/rank; 1 job x 2 rounds x 5 alternated" in (
         result.stdout
     )
     _assert_paired_rows(result.stdout, "raw DDP")
@@ -73,6 +73,18 @@ def test_ddp_step_smoke_pairs_raw_ddp_with_fabric_in_one_process_group() -> None
     assert re.search(r"^ratio raw2 / raw: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=2\)", result.stdout, re.MULTILINE)
     pinned = len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else False
     assert ("1 thread/rank, each rank pinned to a core" if pinned else "ranks not pinned to cores") in result.stdout
+
+
+@pytest.mark.multiprocess
+def test_ddp_step_pools_the_rounds_of_several_jobs() -> None:
+    result = _run("ddp_step.py", "--smoke", "--jobs", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Each job's own medians first (its control shows that job's bias), then one table over the pooled rounds.
+    for job in (1, 2):
+        line = rf"^job {job} of 2: median ratio to raw DDP: raw2 [\d.]+x, fabric [\d.]+x"
+        assert re.search(line, result.stdout, re.MULTILINE)
+    assert "tiny MLP 32->64->64->10, batch 32/rank; 2 jobs x 2 rounds x 5 alternated steps" in result.stdout
+    assert re.search(r"^ratio fabric / raw: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=4\)", result.stdout, re.MULTILINE)
 
 
 @pytest.mark.multiprocess

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 import warnings
 import weakref
 from collections.abc import Callable, MutableMapping
@@ -13,7 +12,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from fabric.diagnostics.callsite import outside_fabric
+from fabric.diagnostics.callsite import caller_outside_fabric
 from fabric.diagnostics.check import CollectiveMismatchError, check_same_collective
 from fabric.diagnostics.explain import explain, failure_kind
 from fabric.diagnostics.record import CollectiveRecorder
@@ -160,13 +159,14 @@ def enter(op: str, args: tuple[Any, ...] = (), group: Any = None) -> int:
 
     `args`: what must match across ranks in debug mode (tensors by dtype and shape, other values by their text).
     The user's line is kept as its frame's code object and offset (made into `file:line` when something reads it).
+    Called by fabric's own methods only: the search for the user's frame starts above the caller.
     """
     recorder = _LAST[1]
     if recorder is not None and group is None and not recorder.debug:
         # The common call, on the default group's recorder cached when the group started. A group destroyed without
         # fabric's teardown leaves it stale until the next group's setup: harmless here (strategies issue nothing
         # without a group, and counting into a record nobody reads changes nothing); `failed` checks it.
-        frame = outside_fabric(sys._getframe(1))
+        frame = caller_outside_fabric(2)  # 1: the strategy's method, fabric's
         return recorder.enter(op, frame.f_code, frame.f_lasti) if frame is not None else recorder.enter(op, None, -1)
     recorder = _recorder(group)
     if recorder is None:
@@ -177,7 +177,7 @@ def enter(op: str, args: tuple[Any, ...] = (), group: Any = None) -> int:
                 stacklevel=4,
             )
         return 0
-    frame = outside_fabric(sys._getframe(1))
+    frame = caller_outside_fabric(2)  # 1: the strategy's method, fabric's
     seq = recorder.enter(op, frame.f_code, frame.f_lasti) if frame is not None else recorder.enter(op, None, -1)
     if recorder.debug:
         try:

@@ -81,15 +81,17 @@ class DDPStrategy(ParallelStrategy):
             precision.backward(tensor, module, *args, **kwargs)
             return
         # Recorded as the hot collectives are (plain calls, no scope object). A base precision only calls torch's
-        # backward: called here, one frame less.
+        # backward: called here, one frame less, and without forwarding empty star-arguments (a tuple and a dict).
         plain = type(precision).backward is Precision.backward
         seq = 0
         try:
             seq = _diagnostics.enter("backward")
-            if plain:
+            if not plain:
+                precision.backward(tensor, module, *args, **kwargs)
+            elif args or kwargs:
                 tensor.backward(*args, **kwargs)
             else:
-                precision.backward(tensor, module, *args, **kwargs)
+                tensor.backward()
         except RuntimeError as err:
             _diagnostics.failed(err, "backward", seq, self._timeout_words)
             raise

@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from fabric.diagnostics import track
-from fabric.diagnostics.callsite import call_site
+from fabric.diagnostics.callsite import call_site, caller_outside_fabric
 from fabric.diagnostics.check import CollectiveMismatchError, check_same_collective, signature
 from fabric.diagnostics.record import Collective, CollectiveRecorder, PeerRecord, record_key
 from fabric.environments.default import find_free_port
@@ -49,6 +50,25 @@ def test_debug_switch_values(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_call_site_is_the_first_frame_outside_fabric() -> None:
     line, site = sys._getframe().f_lineno, call_site()
     assert site == f"test_diagnostics_track.py:{line}"
+
+
+def test_the_recorded_site_is_the_users_line_above_every_fabric_frame(one_rank_group: Any) -> None:
+    recorder = track.start_recording()
+    assert recorder is not None
+    # A function of fabric's own (by its file) between this test and the collective, as Fabric's methods are.
+    source = "def through_fabric():\n    with track.collective('barrier', words):\n        pass\n"
+    scope: dict[str, Any] = {"track": track, "words": _words}
+    exec(compile(source, str(Path(track.__file__).parent / "_method.py"), "exec"), scope)
+    line = sys._getframe().f_lineno + 1
+    scope["through_fabric"]()
+    last, inside = recorder.snapshot()
+    assert last is not None and not inside
+    assert last.site == f"test_diagnostics_track.py:{line}"
+
+
+def test_the_search_starts_at_the_given_depth_and_stops_at_the_stacks_top() -> None:
+    assert caller_outside_fabric(0) is sys._getframe()
+    assert caller_outside_fabric(10_000) is None  # past the stack's top: nothing outside fabric there
 
 
 def test_signature_names_dtype_shape_and_options() -> None:
