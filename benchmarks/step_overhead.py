@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from _common import MIN_ROUNDS, Row, emit, load_line, print_ratio, print_table, round_order, run_json
+from _common import MIN_ROUNDS, Row, emit, load_line, print_ratio, print_table, run_json, step_orders
 from _common import contenders as common_contenders
 
 # name -> (layer widths, batch size, steps per block, blocks per round and contender)
@@ -121,17 +121,16 @@ def all_steps(step: Callable[[int], None], steps: int) -> Callable[[], None]:
 def alternate(steps: dict[str, Callable[[int], None]], per_round: int, rounds: int) -> dict[str, list[float]]:
     """Per contender, one per-step time (s) per round: the median of `per_round` single steps, each timed alone.
 
-    The contenders take turns step by step (the order flips every step, `round_order`), so every raw step has
-    fabric's and Lightning's beside it under the same machine state; timing blocks of steps instead let the
+    The contenders take turns step by step (in a fresh random order every step, `step_orders`), so every raw step
+    has fabric's and Lightning's beside it under the same machine state; timing blocks of steps instead let the
     scheduler's phases fall on one contender's block (per-round ratios then spread from 0.99x to 1.22x).
     """
     clock = time.perf_counter
     samples: dict[str, list[float]] = {name: [] for name in steps}
-    orders = [round_order(list(steps), index) for index in range(2 * len(steps))]  # each name in each place
-    for _ in range(rounds):
+    for round_index in range(rounds):
         times: dict[str, list[float]] = {name: [] for name in steps}
-        for index in range(per_round):
-            for name in orders[index % len(orders)]:
+        for index, order in enumerate(step_orders(list(steps), per_round, seed=round_index)):
+            for name in order:
                 start = clock()
                 steps[name](index)
                 times[name].append(clock() - start)

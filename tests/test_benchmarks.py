@@ -7,6 +7,8 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 from types import ModuleType
 
@@ -272,6 +274,21 @@ def test_loader_state_smoke_times_the_capture_and_both_saves() -> None:
         target = rf"target: loader state adds < 1 ms to fabric.save \({case}\) -> capture \+ serialize median [\d.]+ ms"
         assert re.search(target, out), out
     _assert_ratio_row(out, "fabric.save with loader")
+
+
+def test_step_orders_put_each_contender_after_each_other_equally_often() -> None:
+    common = _load("_common")
+    names = ["raw", "raw2", "fabric", "lightning_fabric"]
+    orders = common.step_orders(names, 4000, seed=3)
+    assert orders == common.step_orders(names, 4000, seed=3), "seeded: every rank of a job runs the same orders"
+    assert all(sorted(order) == sorted(names) for order in orders)
+    sequence = [name for order in orders for name in order]
+    after = Counter(pairwise(sequence))
+    places = Counter((place, name) for order in orders for place, name in enumerate(order))
+    assert all(900 < places[place, name] < 1100 for place in range(4) for name in names)  # 1000 expected
+    # Another contender before: 1000 inside orders plus 250 across their boundaries expected; itself: 250.
+    assert all(1100 < after[first, then] < 1400 for first in names for then in names if first != then)
+    assert all(180 < after[name, name] < 330 for name in names)
 
 
 def test_per_round_ratio_lines_become_a_panel_that_marks_the_noise(capsys: pytest.CaptureFixture[str]) -> None:
