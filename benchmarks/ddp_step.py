@@ -17,8 +17,10 @@ Two things keep the noise of this machine (2 cores, 2 ranks, each with its gloo 
   contenders differ by in this run, the floor under every other ratio.
 - The tiny MLP runs TINY_ROUNDS_FACTOR times the rounds (a round of it takes about a second): with 9 rounds,
   the median ratio of one run moved by about 1% from run to run; with 61, by about 0.6%.
+- The rounds are split over one job per contender, each building the contenders' models in another order (the
+  one built first runs about 1% slower all job long), and pooled; a line per job shows its own ratios.
 
-Run:  python benchmarks/ddp_step.py [--rounds 15] [--no-pin] [--jobs 3]
+Run:  python benchmarks/ddp_step.py [--rounds 15] [--no-pin] [--jobs N]
       python benchmarks/ddp_step.py --profile 2000   # cProfile 2000 fabric DDP steps on rank 0
       python benchmarks/ddp_step.py --smoke          # a quick run of the code paths: no numbers to keep
 """
@@ -52,11 +54,10 @@ MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {
     "small": ((256, 1024, 1024, 256), 64, 10, 2),
 }
 TINY_ROUNDS_FACTOR = 5
-# The tiny MLP's rounds are split over this many jobs (fresh processes), pooled. Within one job every contender
-# keeps a bias of its own for the whole job (where its tensors landed, which cache sets they share): the control,
-# identical to raw DDP, came out anywhere from 0.989x to 1.010x in single 61-round jobs, each with a narrow band.
-# Pooling jobs averages that bias instead of reporting one draw of it.
-TINY_JOBS = 3
+# The rounds are split over one job (fresh processes) per contender, pooled, job j building the contenders'
+# models in their order rotated by j. Within one job the contender built first ran about 1% slower for the whole
+# job (measured: three raw DDP copies built in turn gave 1.000, 0.994 and 0.990x; fabric built first gave 1.044x
+# where built third it gave 1.02x): each contender is built first in one job.
 SMOKE_MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {"tiny": ((32, 64, 64, 10), 32, 5, 1)}
 WORLD_SIZE = 2
 TARGET = 1.02
@@ -175,21 +176,25 @@ def _profile(run: Callable[[], None], steps: int) -> None:
     emit({"profile": text.getvalue()})
 
 
-def _run_jobs(argv: list[str], jobs: int) -> tuple[dict[str, list[float]], bool]:
-    """Run the 2-rank job `jobs` times; its rounds pooled per contender, and whether every job pinned its ranks.
-    With several jobs, a line per job gives its control's and fabric's median ratios to raw DDP."""
-    pooled: dict[str, list[float]] = {}
+def _run_jobs(
+    argv: Callable[[list[str]], list[str]], names: list[str], jobs: int
+) -> tuple[dict[str, list[float]], bool]:
+    """Run the 2-rank job `jobs` times, job j building the contenders in `names` rotated by j; their rounds pooled
+    per contender (in `names` order), and whether every job pinned its ranks. With several jobs, a line per job
+    gives its median ratios to raw DDP."""
+    pooled: dict[str, list[float]] = {name: [] for name in names}
     pinned = True
     for job in range(jobs):
-        data = run_two_ranks(argv, {}, timeout=WORKER_TIMEOUT_S + 60)
+        order = names[job % len(names) :] + names[: job % len(names)]
+        data = run_two_ranks(argv(order), {}, timeout=WORKER_TIMEOUT_S + 60)
         assert data["world_size"] == WORLD_SIZE, data
         pinned &= bool(data.get("pinned"))
-        for name, values in data["samples"].items():
-            pooled.setdefault(name, []).extend(values)
+        for name in names:
+            pooled[name].extend(data["samples"][name])
         if jobs > 1:
             base = data["samples"]["raw"]
-            ratios = [f"{name} {ratio_band(values, base)[0]:.3f}x" for name, values in data["samples"].items()]
-            print(f"job {job + 1} of {jobs}: median ratio to raw DDP: {', '.join(ratios[1:])}")  # [0]: raw itself
+            ratios = ", ".join(f"{name} {ratio_band(data['samples'][name], base)[0]:.3f}x" for name in names[1:])
+            print(f"job {job + 1} of {jobs} (built first: {order[0]}): median ratio to raw DDP: {ratios}")
     return pooled, pinned
 
 
@@ -200,7 +205,7 @@ def _plural(count: int, word: str) -> str:
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-pin", action="store_true", help="leave the ranks' threads to the scheduler")
     parser.add_argument(
-        "--jobs", type=int, default=None, help=f"jobs the tiny MLP's rounds are split over (default {TINY_JOBS})"
+        "--jobs", type=int, default=None, help="jobs the rounds are split over (default: one per contender)"
     )
 
 
@@ -218,15 +223,21 @@ def main() -> int:
     print(load_line())
     base_rounds = rounds_to_run(args)
     for model_name, (widths, batch, steps, blocks) in (SMOKE_MODELS if args.smoke else MODELS).items():
-        tiny = model_name == "tiny"
-        jobs = (args.jobs or (1 if args.smoke else TINY_JOBS)) if tiny else 1
-        rounds = base_rounds if args.smoke else -(-base_rounds * (TINY_ROUNDS_FACTOR if tiny else 1) // jobs)
-        argv = [__file__, "--worker", model_name, "-", str(rounds), ",".join(frameworks)]
-        argv += [*(["--smoke"] if args.smoke else []), *(["--no-pin"] if args.no_pin else [])]
-        samples, pinned = _run_jobs(argv, jobs)
+        jobs = args.jobs or (1 if args.smoke else len(frameworks))
+        factor = TINY_ROUNDS_FACTOR if model_name == "tiny" else 1
+        rounds = base_rounds if args.smoke else -(-base_rounds * factor // jobs)
+        options = [*(["--smoke"] if args.smoke else []), *(["--no-pin"] if args.no_pin else [])]
+
+        def argv(
+            order: list[str], name: str = model_name, rounds: int = rounds, options: list[str] = options
+        ) -> list[str]:
+            return [__file__, "--worker", name, "-", str(rounds), ",".join(order), *options]
+
+        samples, pinned = _run_jobs(argv, frameworks, jobs)
         title = (
             f"DDP, {WORLD_SIZE} CPU processes (gloo), {model_name} MLP {'->'.join(map(str, widths))}, batch {batch}"
-            f"/rank; {_plural(jobs, 'job')} x {rounds} rounds x {blocks * steps} alternated steps, each timed on "
+            f"/rank; {_plural(jobs, 'job')}{' (each building the models in another order)' if jobs > 1 else ''} x "
+            f"{rounds} rounds x {blocks * steps} alternated steps, each timed on "
             f"rank 0, 1 thread/rank, {'each rank pinned to a core' if pinned else 'ranks not pinned to cores'}"
         )
         report(title, samples, TARGET, raw_label="raw DDP")
