@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from _common import emit, load_line, ratio_band, run_two_ranks
+from _common import build_orders, emit, load_line, ratio_band, run_two_ranks
 from step_overhead import (
     all_steps,
     alternate,
@@ -54,10 +54,9 @@ MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {
     "small": ((256, 1024, 1024, 256), 64, 10, 2),
 }
 TINY_ROUNDS_FACTOR = 5
-# The rounds are split over one job (fresh processes) per contender, pooled, job j building the contenders'
-# models in their order rotated by j. Within one job the contender built first ran about 1% slower for the whole
-# job (measured: three raw DDP copies built in turn gave 1.000, 0.994 and 0.990x; fabric built first gave 1.044x
-# where built third it gave 1.02x): each contender is built first in one job.
+# The rounds are split over one job (fresh processes) per contender, pooled, each building the models in another
+# order (`build_orders`: the model built first runs about 1% slower all job long; fabric built first gave 1.044x
+# where built third it gave 1.02x).
 SMOKE_MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {"tiny": ((32, 64, 64, 10), 32, 5, 1)}
 WORLD_SIZE = 2
 TARGET = 1.02
@@ -184,8 +183,7 @@ def _run_jobs(
     gives its median ratios to raw DDP."""
     pooled: dict[str, list[float]] = {name: [] for name in names}
     pinned = True
-    for job in range(jobs):
-        order = names[job % len(names) :] + names[: job % len(names)]
+    for job, order in enumerate(build_orders(names, jobs)):
         data = run_two_ranks(argv(order), {}, timeout=WORKER_TIMEOUT_S + 60)
         assert data["world_size"] == WORLD_SIZE, data
         pinned &= bool(data.get("pinned"))
@@ -225,7 +223,8 @@ def main() -> int:
     for model_name, (widths, batch, steps, blocks) in (SMOKE_MODELS if args.smoke else MODELS).items():
         jobs = args.jobs or (1 if args.smoke else len(frameworks))
         factor = TINY_ROUNDS_FACTOR if model_name == "tiny" else 1
-        rounds = base_rounds if args.smoke else -(-base_rounds * factor // jobs)
+        # The small MLP: at least half the rounds per job (its per-round ratios spread by several percent).
+        rounds = base_rounds if args.smoke else max(-(-base_rounds * factor // jobs), -(-base_rounds // 2))
         options = [*(["--smoke"] if args.smoke else []), *(["--no-pin"] if args.no_pin else [])]
 
         def argv(

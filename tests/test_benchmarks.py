@@ -58,7 +58,9 @@ def _assert_paired_rows(out: str, raw: str) -> None:
 def test_step_overhead_smoke_pairs_raw_fabric_and_lightning_in_one_process() -> None:
     result = _run("step_overhead.py", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "tiny MLP 32->64->64->10, batch 32, data from tensors; 2 rounds x 5 alternated steps" in result.stdout
+    assert "tiny MLP 32->64->64->10, batch 32, data from tensors; 1 process x 2 rounds x 5 alternated steps" in (
+        result.stdout
+    )
     _assert_paired_rows(result.stdout, "raw torch")
 
 
@@ -291,6 +293,11 @@ def test_step_orders_put_each_contender_after_each_other_equally_often() -> None
     # Another contender before: 1000 inside orders plus 250 across their boundaries expected; itself: 250.
     assert all(1100 < after[first, then] < 1400 for first in names for then in names if first != then)
     assert all(180 < after[name, name] < 330 for name in names)
+
+
+def test_build_orders_build_each_contender_first_in_one_job() -> None:
+    orders = _load("_common").build_orders(["raw", "raw2", "fabric"], 3)
+    assert orders == [["raw", "raw2", "fabric"], ["raw2", "fabric", "raw"], ["fabric", "raw", "raw2"]]
 
 
 def test_per_round_ratio_lines_become_a_panel_that_marks_the_noise(capsys: pytest.CaptureFixture[str]) -> None:
