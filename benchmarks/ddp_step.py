@@ -54,9 +54,6 @@ MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {
     "small": ((256, 1024, 1024, 256), 64, 10, 2),
 }
 TINY_ROUNDS_FACTOR = 5
-# The rounds are split over one job (fresh processes) per contender, pooled, each building the models in another
-# order (`build_orders`: the model built first runs about 1% slower all job long; fabric built first gave 1.044x
-# where built third it gave 1.02x).
 SMOKE_MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {"tiny": ((32, 64, 64, 10), 32, 5, 1)}
 WORLD_SIZE = 2
 TARGET = 1.02
