@@ -60,7 +60,7 @@ def main() -> None:
     results["broadcast"] = fabric.broadcast({"from": rank}, src=1)
     gathered = fabric.all_gather(torch.tensor([rank], device=device))
     results["all_gather"] = (gathered.device.type, gathered.flatten().tolist())
-    uneven = fabric.all_gather(torch.arange(rank + 1, device=device))  # shapes (1,) and (2,): a list back
+    uneven = fabric.all_gather(torch.arange(rank + 1, device=device), uneven=True)  # shapes (1,), (2,): a list
     results["all_gather_uneven"] = [(part.device.type, part.tolist()) for part in uneven]
     reduced = fabric.all_reduce(torch.tensor(float(rank + 1), device=device), reduce_op="sum")
     results["all_reduce"] = (reduced.device.type, reduced.item())
