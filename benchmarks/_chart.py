@@ -57,7 +57,8 @@ class Table:
 def parse_tables(text: str) -> list[Table]:
     """Every result table in the output of one or more benchmark scripts, in the order printed."""
     tables: list[Table] = []
-    script, skipped, previous, load = "", [], "", ""
+    script, previous, load = "", "", ""
+    skipped: list[str] = []
     current: Table | None = None
     ratio_panel: Table | None = None
     for line in text.splitlines():

@@ -10,7 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,6 +256,19 @@ def build_orders(names: Sequence[str], jobs: int) -> list[list[str]]:
     contender. With one job per contender, each is built first once, and the pooled rounds carry no such bias.
     """
     return [[*names[job % len(names) :], *names[: job % len(names)]] for job in range(jobs)]
+
+
+def pooled_jobs(
+    names: Sequence[str], jobs: int, run_job: Callable[[int, list[str]], Mapping[str, list[float]]]
+) -> dict[str, list[float]]:
+    """Call `run_job(j, order)` for each of `jobs` jobs, job j building the contenders in `build_orders`' order j;
+    return each contender's samples from all jobs, pooled (`run_job` returns contender -> samples)."""
+    pooled: dict[str, list[float]] = {name: [] for name in names}
+    for job, order in enumerate(build_orders(names, jobs)):
+        samples = run_job(job, order)
+        for name in names:
+            pooled[name].extend(samples[name])
+    return pooled
 
 
 def step_orders(names: Sequence[str], count: int, seed: int = 0) -> list[list[str]]:

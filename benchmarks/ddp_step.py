@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from _common import build_orders, emit, load_line, ratio_band, run_two_ranks
+from _common import emit, load_line, pooled_jobs, ratio_band, run_two_ranks
 from step_overhead import (
     all_steps,
     alternate,
@@ -178,19 +178,20 @@ def _run_jobs(
     """Run the 2-rank job `jobs` times, job j building the contenders in `names` rotated by j; their rounds pooled
     per contender (in `names` order), and whether every job pinned its ranks. With several jobs, a line per job
     gives its median ratios to raw DDP."""
-    pooled: dict[str, list[float]] = {name: [] for name in names}
-    pinned = True
-    for job, order in enumerate(build_orders(names, jobs)):
+    pinned = [True]
+
+    def run_job(job: int, order: list[str]) -> dict[str, list[float]]:
         data = run_two_ranks(argv(order), {}, timeout=WORKER_TIMEOUT_S + 60)
         assert data["world_size"] == WORLD_SIZE, data
-        pinned &= bool(data.get("pinned"))
-        for name in names:
-            pooled[name].extend(data["samples"][name])
+        pinned[0] &= bool(data.get("pinned"))
         if jobs > 1:
             base = data["samples"]["raw"]
             ratios = ", ".join(f"{name} {ratio_band(data['samples'][name], base)[0]:.3f}x" for name in names[1:])
             print(f"job {job + 1} of {jobs} (built first: {order[0]}): median ratio to raw DDP: {ratios}")
-    return pooled, pinned
+        return data["samples"]
+
+    pooled = pooled_jobs(names, jobs, run_job)
+    return pooled, pinned[0]
 
 
 def _plural(count: int, word: str) -> str:
@@ -210,8 +211,8 @@ def main() -> int:
         model_name, _, rounds, frameworks = args.worker
         worker(model_name, int(rounds), frameworks, args.smoke, args.profile or 0, not args.no_pin)
     if args.profile:
-        argv = [__file__, "--worker", "tiny", "-", "1", "fabric", "--profile", str(args.profile)]
-        print(run_two_ranks(argv, {"MKL_NUM_THREADS": "1"}, timeout=WORKER_TIMEOUT_S + 60).get("profile", ""))
+        profiled = [__file__, "--worker", "tiny", "-", "1", "fabric", "--profile", str(args.profile)]
+        print(run_two_ranks(profiled, {"MKL_NUM_THREADS": "1"}, timeout=WORKER_TIMEOUT_S + 60).get("profile", ""))
         return 0
     frameworks = importable_frameworks(args.peer_python)
     frameworks.insert(frameworks.index("raw") + 1, "raw2")  # the control: raw DDP against itself

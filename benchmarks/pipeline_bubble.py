@@ -107,7 +107,7 @@ def main() -> None:
     torch.set_num_threads(1)
     base = Fabric(accelerator=args.accelerator, devices=args.devices, strategy="ddp")
     base.launch()
-    load = os.getloadavg()[0] if base.is_global_zero else None
+    load = os.getloadavg()[0]  # printed by global rank 0 only
     rows = []
     for name, per_rank in SCHEDULES:
         for micro in (int(m) for m in args.microbatches.split(",")):
@@ -119,7 +119,7 @@ def main() -> None:
             theory = (p - 1) / (per_rank * micro + p - 1)
             rows.append((name, p, per_rank, micro, step * 1e3, busy * 1e3, bubble, theory))
     if base.is_global_zero:
-        print(f"pipeline bubble, {args.accelerator}, {args.devices} processes; load avg {float(load):.2f} at start")
+        print(f"pipeline bubble, {args.accelerator}, {args.devices} processes; load avg {load:.2f} at start")
         print(f"MLP stages of {args.layers} x Linear({args.width}, {args.width}), microbatches of {args.rows} rows")
         print(f"{'schedule':<16}{'p':>3}{'v':>3}{'m':>4}{'step ms':>10}{'busy ms':>10}{'measured':>10}{'theory':>8}")
         for name, p, v, m, step, busy, bubble, theory in rows:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from _common import MIN_ROUNDS, Row, build_orders, emit, load_line, print_ratio, print_table, run_json, step_orders
+from _common import MIN_ROUNDS, Row, emit, load_line, pooled_jobs, print_ratio, print_table, run_json, step_orders
 from _common import contenders as common_contenders
 
 # name -> (layer widths, batch size, steps per block, blocks per round and contender)
@@ -115,7 +115,12 @@ def _build(framework: str, widths: tuple[int, ...], batch: int, variant: str, st
 
 def all_steps(step: Callable[[int], None], steps: int) -> Callable[[], None]:
     """A function running steps 0 .. steps-1 (warm-up and profiling)."""
-    return lambda: [step(index) for index in range(steps)] and None
+
+    def run() -> None:
+        for index in range(steps):
+            step(index)
+
+    return run
 
 
 def alternate(steps: dict[str, Callable[[int], None]], per_round: int, rounds: int) -> dict[str, list[float]]:
@@ -253,12 +258,13 @@ def main() -> int:
     jobs = 1 if args.smoke else len(frameworks)
     per_job = rounds if args.smoke else -(-rounds // jobs)
     for model_name, variant in benches:
-        samples: dict[str, list[float]] = {fw: [] for fw in frameworks}
-        for order in build_orders(frameworks, jobs):
+
+        def run_job(_job: int, order: list[str], model_name: str = model_name, variant: str = variant) -> Any:
             argv = [__file__, "--worker", model_name, variant, str(per_job), ",".join(order)]
             data, _ = run_json(sys.executable, [*argv, *(["--smoke"] if args.smoke else [])], env=THREAD_ENV)
-            for fw in frameworks:
-                samples[fw].extend(data["samples"][fw])
+            return data["samples"]
+
+        samples = pooled_jobs(frameworks, jobs, run_job)
         widths, batch, steps, blocks = (SMOKE_MODELS if args.smoke else MODELS)[model_name]
         title = (
             f"{model_name} MLP {'->'.join(map(str, widths))}, batch {batch}, data from {variant}; "

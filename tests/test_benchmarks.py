@@ -300,6 +300,18 @@ def test_build_orders_build_each_contender_first_in_one_job() -> None:
     assert orders == [["raw", "raw2", "fabric"], ["raw2", "fabric", "raw"], ["fabric", "raw", "raw2"]]
 
 
+def test_pooled_jobs_runs_each_build_order_once_and_keeps_every_sample() -> None:
+    calls: list[tuple[int, list[str]]] = []
+
+    def run_job(job: int, order: list[str]) -> dict[str, list[float]]:
+        calls.append((job, order))
+        return {name: [10.0 * job + place] for place, name in enumerate(order)}
+
+    pooled = _load("_common").pooled_jobs(["raw", "fabric"], 2, run_job)
+    assert calls == [(0, ["raw", "fabric"]), (1, ["fabric", "raw"])]
+    assert pooled == {"raw": [0.0, 11.0], "fabric": [1.0, 10.0]}  # job 0's sample, then job 1's
+
+
 def test_per_round_ratio_lines_become_a_panel_that_marks_the_noise(capsys: pytest.CaptureFixture[str]) -> None:
     common, chart = _load("_common"), _load("_chart")
     # Paired rounds: fabric is 1-3% slower in each round, Lightning twice as slow; a band across 1.0 is noise.
