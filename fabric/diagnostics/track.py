@@ -18,11 +18,16 @@ from fabric.diagnostics.explain import explain, failure_kind
 from fabric.diagnostics.record import CollectiveRecorder
 from fabric.utilities.distributed import add_note, note_timeout
 from fabric.utilities.exceptions import FabricValueError
+from fabric.utilities.imports import _TORCH
 
 DEBUG_VARIABLE = "FABRIC_DEBUG_COLLECTIVES"
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 # torch's Flight Recorder (NCCL): ring-buffer entries kept, and a dump of them when the watchdog sees a timeout.
 FLIGHT_RECORDER_ENTRIES = "2000"
+# From torch 2.11 the recorder keeps 2000 entries by default; up to 2.10 both its size and the process group's gate
+# for dumps default to 0, and the gate reads only the old name, TORCH_NCCL_TRACE_BUFFER_SIZE (the headers of the
+# 2.9-2.13 wheels). Setting that name on 2.11+ only earns torch's deprecation warning (seen on torch 2.11, H200).
+FLIGHT_RECORDER_ON_BY_DEFAULT = (2, 11, 0)
 DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"
 
 # Set on an error this module explained, so that an enclosing collective (fabric.save around its barriers) keeps it.
@@ -47,7 +52,9 @@ def debug_enabled(environ: MutableMapping[str, str] = os.environ) -> bool:
     return value in _ON
 
 
-def prepare_torch_env(backend: str, environ: MutableMapping[str, str] = os.environ) -> list[str]:
+def prepare_torch_env(
+    backend: str, environ: MutableMapping[str, str] = os.environ, torch_release: tuple[int, int, int] = _TORCH
+) -> list[str]:
     """Before the process group starts: switch on torch's own diagnostics where fabric's cannot see; what was set.
 
     On NCCL, where calls return when they are enqueued and torch's watchdog ends the process before Python could
@@ -59,8 +66,8 @@ def prepare_torch_env(backend: str, environ: MutableMapping[str, str] = os.envir
     """
     wanted: dict[str, str] = {}
     if "nccl" in backend.lower():
-        if "TORCH_FR_BUFFER_SIZE" not in environ:  # the newer name of the same setting
-            wanted["TORCH_NCCL_TRACE_BUFFER_SIZE"] = FLIGHT_RECORDER_ENTRIES
+        if torch_release < FLIGHT_RECORDER_ON_BY_DEFAULT:  # the user's TORCH_FR_BUFFER_SIZE also opens the gate
+            wanted["TORCH_NCCL_TRACE_BUFFER_SIZE"] = environ.get("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
         wanted["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
     added = [name for name in wanted if name not in environ]
     for name in added:

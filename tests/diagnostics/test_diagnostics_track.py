@@ -234,17 +234,28 @@ def test_a_gather_whose_shapes_differ_names_the_uneven_opt_in() -> None:
 
 
 def test_nccl_turns_on_torchs_flight_recorder_unless_the_user_chose() -> None:
+    old = (2, 10, 0)  # torch <= 2.10: the recorder is off unless TORCH_NCCL_TRACE_BUFFER_SIZE is set
     env: dict[str, str] = {}
-    assert track.prepare_torch_env("nccl", env) == ["TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    assert track.prepare_torch_env("nccl", env, old) == ["TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"]
     assert env == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
     assert track.flight_recorder_dumps(env) == "/tmp/nccl_trace_rank_"
     mine = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_FR_DUMP_TEMP_FILE": "/d/r_"}
-    assert track.prepare_torch_env("cpu:gloo,cuda:nccl", mine) == []
+    assert track.prepare_torch_env("cpu:gloo,cuda:nccl", mine, old) == []
     assert mine["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0" and track.flight_recorder_dumps(mine) == "/d/r_"
+    # The newer name sizes the recorder; the dump's gate reads only the old one there, so it follows the user's size.
     newer = {"TORCH_FR_BUFFER_SIZE": "10"}
-    assert track.prepare_torch_env("nccl", newer) == ["TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    assert track.prepare_torch_env("nccl", newer, old) == ["TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    assert newer["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "10"
     gloo: dict[str, str] = {"FABRIC_DEBUG_COLLECTIVES": "1"}
-    assert track.prepare_torch_env("gloo", gloo) == [] and gloo == {"FABRIC_DEBUG_COLLECTIVES": "1"}
+    assert track.prepare_torch_env("gloo", gloo, old) == [] and gloo == {"FABRIC_DEBUG_COLLECTIVES": "1"}
+
+
+@pytest.mark.parametrize("release", [(2, 11, 0), (2, 13, 0)])
+def test_nccl_leaves_the_buffer_size_to_torch_where_the_recorder_is_on_by_default(release: tuple) -> None:
+    # torch 2.11+ keeps 2000 entries by default and warns that TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated.
+    env: dict[str, str] = {}
+    assert track.prepare_torch_env("nccl", env, release) == ["TORCH_NCCL_DUMP_ON_TIMEOUT"]
+    assert env == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
 def test_no_fabric_recorder_on_nccl_unless_debug_mode_asks(
