@@ -18,7 +18,6 @@ from fabric.diagnostics.explain import explain, failure_kind
 from fabric.diagnostics.record import CollectiveRecorder
 from fabric.utilities.distributed import add_note, note_timeout
 from fabric.utilities.exceptions import FabricValueError
-from fabric.utilities.imports import _TORCH
 
 DEBUG_VARIABLE = "FABRIC_DEBUG_COLLECTIVES"
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -53,7 +52,7 @@ def debug_enabled(environ: MutableMapping[str, str] = os.environ) -> bool:
 
 
 def prepare_torch_env(
-    backend: str, environ: MutableMapping[str, str] = os.environ, torch_release: tuple[int, int, int] = _TORCH
+    backend: str, environ: MutableMapping[str, str] = os.environ, torch_release: tuple[int, int, int] | None = None
 ) -> list[str]:
     """Before the process group starts: switch on torch's own diagnostics where fabric's cannot see; what was set.
 
@@ -66,6 +65,10 @@ def prepare_torch_env(
     """
     wanted: dict[str, str] = {}
     if "nccl" in backend.lower():
+        if torch_release is None:  # imported here: `import fabric` does not load the version flags otherwise
+            from fabric.utilities.imports import _TORCH
+
+            torch_release = _TORCH
         if torch_release < FLIGHT_RECORDER_ON_BY_DEFAULT:  # the user's TORCH_FR_BUFFER_SIZE also opens the gate
             wanted["TORCH_NCCL_TRACE_BUFFER_SIZE"] = environ.get("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
         wanted["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"

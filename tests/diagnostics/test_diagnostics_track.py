@@ -258,6 +258,13 @@ def test_nccl_leaves_the_buffer_size_to_torch_where_the_recorder_is_on_by_defaul
     assert env == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
+def test_nccl_goes_by_the_running_torchs_release() -> None:
+    from fabric.utilities.imports import _TORCH  # 2.13 in the first CI stage, 2.9 in the second
+
+    added = track.prepare_torch_env("nccl", {})
+    assert ("TORCH_NCCL_TRACE_BUFFER_SIZE" in added) == (_TORCH < (2, 11, 0)) and "TORCH_NCCL_DUMP_ON_TIMEOUT" in added
+
+
 def test_no_fabric_recorder_on_nccl_unless_debug_mode_asks(
     one_rank_group: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
