@@ -1,4 +1,5 @@
-"""One GPU, in its own process: the default collectives and training steps add no host-device syncs to raw torch.
+"""One GPU, in its own processes: the default collectives and training steps add no host-device syncs to raw torch,
+and torch's Flight Recorder records NCCL collectives as fabric leaves it set up.
 
 Issue 21's rule for the default path: no wait for the GPU per call that raw torch does not make. torch's sync debug
 mode counts the synchronizing CUDA calls of each case; the CPU suite checks the same with a fake device.
@@ -28,3 +29,12 @@ def test_default_collectives_and_steps_sync_no_more_than_raw_torch(tmp_path: Pat
     assert fab <= raw, result
     raw, fab = result["single-device step"]
     assert fab <= raw, result
+
+
+def test_flight_recorder_records_nccl_collectives_without_a_deprecation_warning(tmp_path: Path) -> None:
+    run = run_gpu_script("gpu_flight_recorder.py", str(tmp_path), timeout=180)
+    assert run.returncode == 0, run.output
+    result = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    assert sum("reduce" in op for op in result["ops"]) >= 3, result  # each all_reduce is in the dump
+    assert result["env"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert "deprecated" not in run.stderr, run.stderr  # torch 2.11+ warns on TORCH_NCCL_TRACE_BUFFER_SIZE
