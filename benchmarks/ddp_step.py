@@ -178,12 +178,13 @@ def _run_jobs(
     """Run the 2-rank job `jobs` times, job j building the contenders in `names` rotated by j; their rounds pooled
     per contender (in `names` order), and whether every job pinned its ranks. With several jobs, a line per job
     gives its median ratios to raw DDP."""
-    pinned = [True]
+    pinned = True
 
     def run_job(job: int, order: list[str]) -> dict[str, list[float]]:
+        nonlocal pinned
         data = run_two_ranks(argv(order), {}, timeout=WORKER_TIMEOUT_S + 60)
         assert data["world_size"] == WORLD_SIZE, data
-        pinned[0] &= bool(data.get("pinned"))
+        pinned &= bool(data.get("pinned"))
         if jobs > 1:
             base = data["samples"]["raw"]
             ratios = ", ".join(f"{name} {ratio_band(data['samples'][name], base)[0]:.3f}x" for name in names[1:])
@@ -191,7 +192,7 @@ def _run_jobs(
         return data["samples"]
 
     pooled = pooled_jobs(names, jobs, run_job)
-    return pooled, pinned[0]
+    return pooled, pinned
 
 
 def _plural(count: int, word: str) -> str:
