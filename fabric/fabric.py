@@ -77,10 +77,12 @@ class Fabric:
         self._launch_called = False
         self._collective_device: torch.device | None = None  # the root device, once a collective asked for it
         self._backward_state = _BackwardState()
-        # No loss scaling or strategy step in backward: `fabric.backward(loss)` is `loss.backward()` (every step).
-        tracked = self._strategy.precision.requires_fabric_backward  # the wrappers' output hooks read the state
-        self._plain_backward = self._strategy._runs_base("backward") and not tracked
-        self._tracked_backward = tracked
+        # The wrappers' output hooks read the state of a backward the precision must see.
+        self._tracked_backward = self._strategy.precision.requires_fabric_backward
+        # Decided at the first backward (`_first_backward`): whether `fabric.backward(loss)` is `loss.backward()`
+        # (no loss scaling, nothing the strategy adds but a count), and what counts it for the hang diagnosis.
+        self._plain_backward = False
+        self._backward_counter: Any = None
         self._preempt_announced = False
         if type(self).run is not Fabric.run:
             # Lightning's subclass style: MyFabric(...).run(args) launches the processes and runs it in each.
@@ -372,12 +374,20 @@ class Fabric:
         """Use instead of `loss.backward()`: goes through the strategy and precision (loss scaling, ...)."""
         if not isinstance(tensor, Tensor):  # checked here, not in a call: this runs every step
             _mistakes.check_loss(tensor)
-        if not self._backward_checked:  # once per Fabric: a set-up model stays set up, and it warns at most once
-            name = type(self._strategy).__name__
-            _mistakes.check_backward_has_model(self._setup_record.has_modules, self.world_size, name)
-            self._backward_checked = True
+        if not self._backward_checked:
+            self._first_backward()
         if self._plain_backward:
-            tensor.backward(*args, **kwargs)
+            counter = self._backward_counter
+            if counter is not None:  # DDP on gloo: the backward's all-reduce is a collective (hang diagnosis)
+                counter.backwards += 1
+            try:
+                if args or kwargs:  # forwarding empty star-arguments builds a tuple and a dict (every step)
+                    tensor.backward(*args, **kwargs)
+                else:
+                    tensor.backward()
+            except RuntimeError as err:
+                self._strategy._backward_failed(err, counter)
+                raise
             return
         module = model._forward_module if model is not None and isinstance(model, _FabricModule) else model
         if not self._tracked_backward:  # nothing reads the state: no try/finally around it (DDP, every step)
@@ -392,6 +402,14 @@ class Fabric:
             self._strategy.backward(tensor, module, *args, **kwargs)
         finally:
             self._backward_state.active = False
+
+    def _first_backward(self) -> None:
+        # Once per Fabric: a set-up model stays set up, it warns at most once, and the processes exist by now.
+        name = type(self._strategy).__name__
+        _mistakes.check_backward_has_model(self._setup_record.has_modules, self.world_size, name)
+        plain, self._backward_counter = self._strategy._fast_backward()
+        self._plain_backward = plain and not self._tracked_backward
+        self._backward_checked = True
 
     def pipeline_step(self, model: _FabricModule, *inputs: Any, target: Any = None) -> Tensor:
         """Under PipelineStrategy, instead of `model(x)` and `fabric.backward(loss)`: forward and backward of the

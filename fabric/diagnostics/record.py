@@ -1,9 +1,13 @@
 """Each rank's record of its last fabric collective, for the rendezvous store, so a timed-out rank can say where
 every other rank is without any collective.
 
-The calling thread only counts and assigns a few fields (no string, no object built per call). The job-health
-thread (fabric/health) publishes the record, with a heartbeat counter that goes up at each publication; `finish`
-publishes how the rank ended.
+The calling thread only counts and assigns a few fields (no string, no object built per call); a backward pass
+that fabric runs on its fast path only adds 1 to `backwards`. The job-health thread (fabric/health) publishes the
+record, with a heartbeat counter that goes up at each publication, and looks at the stacks to tell whether a
+counted backward is still running and from which line; `finish` publishes how the rank ended.
+
+Numbering: a backward pass is one collective among the others (DDP's gradient all-reduce), whether it was counted
+or entered like the rest (debug mode, strategies that shard); so the numbers are the same in every mode.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
-from fabric.diagnostics.callsite import site_text
+from fabric.diagnostics.callsite import backward_caller, site_text
 
 _KEY_PREFIX = "fabric/diag/rank/"
 
@@ -50,8 +54,10 @@ class Collective:
         return self._site
 
     def describe(self) -> str:
-        """`#7 all_reduce() at train.py:52`."""
-        return f"#{self.seq} {self.op}() at {self.site}"
+        """`#7 all_reduce() at train.py:52`; without the site where it is not known (a counted backward that ended
+        before the health thread saw it)."""
+        site = self.site
+        return f"#{self.seq} {self.op}() at {site}" if site else f"#{self.seq} {self.op}()"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Collective):
@@ -96,10 +102,15 @@ class CollectiveRecorder:
         # Whether to compare every collective across ranks before issuing it (FABRIC_DEBUG_COLLECTIVES).
         self.debug = debug
         self._group = weakref.ref(group)  # never keep the group alive: gloo's threads must die with it
-        # The last collective entered, as plain fields the calling thread assigns (see enter/snapshot).
-        self._seq = self._writing = 0
+        # The last collective entered, as plain fields the calling thread assigns (see enter/snapshot): its number,
+        # and `backwards` when it was entered (`_after`).
+        self._seq = self._writing = self._after = 0
         self._op, self._offset, self._inside = "", -1, False
         self._code: CodeType | None = None
+        # Backward passes counted on fabric's fast path (Fabric.backward adds 1 before each: nothing else per step).
+        self.backwards = 0
+        # The last counted backward the health thread saw running: (number, user's code, offset), for its site.
+        self._seen_backward: tuple[int, CodeType | None, int] = (0, None, -1)
         self._state, self._error = "running", ""
         self._pid, self._host = os.getpid(), socket.gethostname()
         self._beat = 0
@@ -123,9 +134,10 @@ class CollectiveRecorder:
         Returns its sequence number, to pass to `leave`. `_writing` goes first and `_seq` last, so that a reader
         on another thread can tell a consistent set of fields from a half-written one (see `snapshot`).
         """
-        seq = self._seq + 1
+        backwards = self.backwards
+        seq = self._seq + backwards - self._after + 1  # the backward passes counted since take a number each
         self._writing = seq
-        self._op, self._code, self._offset, self._inside = op, code, offset, True
+        self._op, self._code, self._offset, self._inside, self._after = op, code, offset, True, backwards
         self._seq = seq
         return seq
 
@@ -138,17 +150,35 @@ class CollectiveRecorder:
         collective nested in it (a barrier in a save) was issued from the same line of the user's code."""
         return Collective(seq, op, code=self._code, offset=self._offset)
 
+    def backward_entered(self, code: CodeType | None, offset: int) -> Collective:
+        """The counted backward pass this rank is in (it has been counted), issued at `offset` of `code`."""
+        return Collective(self._seq + self.backwards - self._after, "backward", code=code, offset=offset)
+
     def snapshot(self) -> tuple[Collective | None, bool]:
-        """The last collective entered and whether this rank is still inside it; safe from any thread."""
+        """The last collective entered or backward counted, and whether this rank is still inside it; safe from
+        any thread other than the training thread (a counted backward is looked for in the training's stack)."""
         while True:
             seq = self._seq
-            op, code, offset, inside = self._op, self._code, self._offset, self._inside
+            op, code, offset, inside, after = self._op, self._code, self._offset, self._inside, self._after
             if self._writing == seq:  # no enter() started since `seq` was read: the fields belong to it
                 break
-        return (Collective(seq, op, code=code, offset=offset) if seq else None), inside
+        backwards = self.backwards
+        if backwards == after:
+            return (Collective(seq, op, code=code, offset=offset) if seq else None), inside
+        return self._last_backward(seq + backwards - after)
+
+    def _last_backward(self, number: int) -> tuple[Collective, bool]:
+        """Counted backward `number`, the last thing this rank entered: whether it still runs, and from where."""
+        frame = backward_caller()
+        if frame is not None:
+            self._seen_backward = (number, frame.f_code, frame.f_lasti)
+        seen, code, offset = self._seen_backward
+        if seen != number:  # it ran and ended between two looks: its line was not seen
+            return Collective(number, "backward", site=""), False
+        return Collective(number, "backward", code=code, offset=offset), frame is not None
 
     def position(self) -> tuple[int, bool]:
-        """(sequence number, inside): changes whenever the record does; cheap to compare."""
+        """(sequence number, inside) of the last collective entered: changes whenever it does; cheap to compare."""
         return self._seq, self._inside
 
     # -- publishing ----------------------------------------------------------------------------------------

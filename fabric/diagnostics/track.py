@@ -15,7 +15,7 @@ import torch.distributed as dist
 from fabric.diagnostics.callsite import caller_outside_fabric
 from fabric.diagnostics.check import CollectiveMismatchError, check_same_collective
 from fabric.diagnostics.explain import explain, failure_kind
-from fabric.diagnostics.record import CollectiveRecorder
+from fabric.diagnostics.record import Collective, CollectiveRecorder
 from fabric.utilities.distributed import add_note, note_timeout
 from fabric.utilities.exceptions import FabricValueError
 
@@ -210,19 +210,43 @@ def leave(seq: int) -> None:
 def failed(err: RuntimeError, op: str, seq: int, words: TimeoutWords) -> None:
     """Add to `err` a note that explains it: where every rank is (recorded) or how to wait longer (timeouts)."""
     seq = seq or getattr(err, "_fabric_seq", 0)  # raised by `enter` itself (debug mode's cross-rank check)
-    _explain(err, op, seq, _recorder(None) if seq else None, words)  # checked: the cached one may be stale
+    recorder = _recorder(None) if seq else None  # checked: the cached one may be stale
+    _explain(err, op, recorder.entered(seq, op) if recorder is not None else None, recorder, words)
 
 
-def _explain(err: RuntimeError, op: str, seq: int, recorder: CollectiveRecorder | None, words: TimeoutWords) -> None:
+def backward_counter() -> CollectiveRecorder | None:
+    """What counts backward passes (`.backwards += 1` before each), or None where nothing records (no group, NCCL).
+
+    The default group's recorder: a backward that all-reduces is a collective, but recording it as the others are
+    (`enter`/`leave`) costs about 1% of a small DDP step, so the hot path only adds 1, and the job-health thread
+    finds a running backward and its line in the stacks. In debug mode (`.debug`) a backward that all-reduces is
+    entered instead, to be compared across ranks; a backward that does not is counted in every mode.
+    """
+    return _recorder(None)
+
+
+def backward_failed(err: RuntimeError, counter: Any, words: TimeoutWords) -> None:
+    """`failed` for a backward pass counted by `counter` (see `backward_counter`): the same note on `err`."""
+    recorder = counter if counter is not None and counter is _recorder(None) else None
+    collective = None
+    if recorder is not None:
+        frame = caller_outside_fabric(1)
+        collective = recorder.backward_entered(*((frame.f_code, frame.f_lasti) if frame else (None, -1)))
+    _explain(err, "backward", collective, recorder, words)
+
+
+def _explain(
+    err: RuntimeError, op: str, collective: Collective | None, recorder: CollectiveRecorder | None, words: TimeoutWords
+) -> None:
     if getattr(err, _EXPLAINED, False) or isinstance(err, CollectiveMismatchError):
         return  # a nested collective (a barrier in a save) explained it; a mismatch explains itself
     waited, setting = words()
-    if recorder is None:
+    if recorder is None or collective is None:
         note_timeout(err, op, waited, setting)
         return
     kind = failure_kind(err)
     if kind is not None:
-        add_note(err, explain(recorder, recorder.entered(seq, op), kind, waited, setting))
+        add_note(err, explain(recorder, collective, kind, waited, setting))
         setattr(err, _EXPLAINED, True)
 
 

@@ -147,6 +147,15 @@ class _StrategyComponents:
         base = getattr(_StrategyComponents, method), getattr(Precision, method)
         return (getattr(type(self), method), getattr(type(precision), method)) == base
 
+    def _fast_backward(self) -> tuple[bool, Any]:
+        """Whether `Fabric.backward` may call torch's backward itself, and the object counting the backward passes
+        it runs so (`.backwards += 1` before each; None: nothing counts). Asked at the first backward, once the
+        processes and their group exist."""
+        return self._runs_base("backward"), None
+
+    def _backward_failed(self, err: RuntimeError, counter: Any) -> None:
+        """Explain `err`, raised by a backward that `Fabric.backward` ran itself (see `_fast_backward`)."""
+
     # These two run every step: the plugin is read from its slot (set once connected), not through the property.
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         """Backward through the precision plugin."""

@@ -75,28 +75,31 @@ class DDPStrategy(ParallelStrategy):
         return wrapped
 
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
-        """Backward through the precision plugin; DDP's gradient all_reduce is recorded like any collective."""
+        """Backward through the precision plugin. DDP's gradient all-reduce makes it a collective for the hang
+        diagnosis: counted (see `track.backward_counter`), or entered and compared across ranks in debug mode."""
         precision = self._precision or self.precision  # called here, not through super(): this runs every step
-        if not self._backward_syncs(module):
-            precision.backward(tensor, module, *args, **kwargs)
-            return
-        # Recorded as the hot collectives are (plain calls, no scope object). A base precision only calls torch's
-        # backward: called here, one frame less, and without forwarding empty star-arguments (a tuple and a dict).
-        plain = type(precision).backward is Precision.backward
-        seq = 0
-        try:
-            seq = _diagnostics.enter("backward")
-            if not plain:
+        counter = _diagnostics.backward_counter()
+        if counter is not None and counter.debug and self._backward_syncs(module):
+            with self._collective("backward"):
                 precision.backward(tensor, module, *args, **kwargs)
-            elif args or kwargs:
-                tensor.backward(*args, **kwargs)
-            else:
-                tensor.backward()
+            return
+        if counter is not None:
+            counter.backwards += 1
+        try:
+            precision.backward(tensor, module, *args, **kwargs)
         except RuntimeError as err:
-            _diagnostics.failed(err, "backward", seq, self._timeout_words)
+            _diagnostics.backward_failed(err, counter, self._timeout_words)
             raise
-        finally:
-            _diagnostics.leave(seq)
+
+    def _fast_backward(self) -> tuple[bool, Any]:
+        """`backward` is torch's backward and a count where the precision adds nothing and no check runs."""
+        counter = _diagnostics.backward_counter()
+        precision = type(self._precision or self.precision)
+        plain = type(self).backward is DDPStrategy.backward and precision.backward is Precision.backward
+        return plain and (counter is None or not counter.debug), counter
+
+    def _backward_failed(self, err: RuntimeError, counter: Any) -> None:
+        _diagnostics.backward_failed(err, counter, self._timeout_words)
 
     def _backward_syncs(self, module: Module | None) -> bool:
         """Whether this backward all-reduces gradients."""

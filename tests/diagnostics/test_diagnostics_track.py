@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ from fabric.diagnostics.callsite import call_site, caller_outside_fabric
 from fabric.diagnostics.check import CollectiveMismatchError, check_same_collective, signature
 from fabric.diagnostics.record import Collective, CollectiveRecorder, PeerRecord, record_key
 from fabric.environments.default import find_free_port
+from fabric.precision.precision import Precision
 from fabric.utilities.exceptions import FabricValueError
 
 
@@ -126,6 +128,69 @@ def test_recording_on_a_real_group(one_rank_group: Any) -> None:
     record = PeerRecord.decode(0, dist.distributed_c10d._get_default_store().get(record_key(0)))
     assert record.state == "exited"
     assert record.last == Collective(2, "barrier", f"test_diagnostics_track.py:{line}")
+
+
+def test_a_counted_backward_takes_a_number_among_the_collectives(one_rank_group: Any) -> None:
+    recorder = track.start_recording()
+    assert recorder is not None and track.backward_counter() is recorder
+    with track.collective("barrier", _words):
+        pass
+    recorder.backwards += 2  # two backward passes, counted as Fabric.backward counts them
+    assert track.enter("all_reduce") == 4
+    track.leave(4)
+    assert recorder.position() == (4, False)
+
+
+def test_a_counted_backward_is_found_running_with_its_line(one_rank_group: Any) -> None:
+    recorder = track.start_recording()
+    assert recorder is not None
+    entered, release = threading.Event(), threading.Event()
+
+    class Blocks(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # not fabric's: the search goes past it
+            entered.set()
+            release.wait(30)
+            return grad
+
+    loss = Blocks.apply(torch.ones(2, requires_grad=True)).sum()
+    line = sys._getframe().f_lineno + 1
+    training = threading.Thread(target=lambda: Precision().backward(loss, None))  # a backward of fabric's
+    recorder.backwards += 1
+    training.start()
+    try:
+        assert entered.wait(30)
+        site = f"test_diagnostics_track.py:{line}"
+        assert recorder.snapshot() == (Collective(1, "backward", site), True), "seen in the training thread's stack"
+    finally:
+        release.set()
+        training.join(30)
+    assert recorder.snapshot() == (Collective(1, "backward", site), False), "ended: its line was seen, and kept"
+    recorder.backwards += 1  # one that ran and ended between two looks: its line is not known
+    recorder.publish(one_rank_group)
+    record = PeerRecord.decode(0, one_rank_group.get(record_key(0)))
+    assert record.last is not None and record.last.describe() == "#2 backward()" and not record.inside
+
+
+def test_a_counted_backward_that_times_out_is_explained_as_a_collective(one_rank_group: Any) -> None:
+    recorder = track.start_recording()
+    assert recorder is not None
+    with track.collective("barrier", _words):
+        pass
+    recorder.backwards += 1  # as Fabric.backward counts before calling torch's backward
+    timeout = RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+    line = sys._getframe().f_lineno + 1
+    track.backward_failed(timeout, recorder, _words)
+    assert timeout.__notes__[-1].startswith(
+        f"fabric.backward() at test_diagnostics_track.py:{line} (collective #2) timed out after 0:00:03: "
+    )
+    stale = RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+    track.backward_failed(stale, object(), _words)  # counted by another group's recorder: no record to read
+    assert stale.__notes__[-1].startswith("fabric.backward() timed out after 0:00:03 waiting for the other")
 
 
 def test_errors_that_say_nothing_about_peers_pass_through(one_rank_group: Any) -> None:

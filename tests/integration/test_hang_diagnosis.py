@@ -157,6 +157,21 @@ def test_timeout_inside_ddp_backward_gets_the_same_diagnosis(tmp_path: Path) -> 
     )
 
 
+@pytest.mark.multiprocess
+def test_a_rank_stuck_inside_its_backward_is_seen_there(tmp_path: Path) -> None:
+    # fabric.backward only counts a backward; the other rank learns it is inside it from its job-health thread,
+    # which finds it in the stuck rank's stack (the user's line included).
+    ranks = _run_job(tmp_path, "inside", wait_for=(1,))
+    assert ranks[1].returncode == 1, ranks[1].output
+    message = _message(ranks[1], "fabric.all_reduce()")
+    assert message == (
+        f"fabric.all_reduce() at diag_job.py:{_line('collective #3 on rank 1')} (collective #3) timed out after "
+        f"0:00:03: rank 0 is at #3 backward() at diag_job.py:{_line('collective #3 on rank 0')} instead, so the "
+        "ranks' collectives diverged (FABRIC_DEBUG_COLLECTIVES=1 stops at the first difference) and it is still "
+        "running. To wait longer, pass DDPStrategy(timeout=timedelta(minutes=...))."
+    )
+
+
 _SHAPE, _DTYPE, _GATHER = _line("mismatch: shape"), _line("mismatch: dtype"), _line("mismatch: gather shape")
 _MISMATCHES = {
     "op": f"rank 0 calls all_reduce(float32[2], mean) at diag_job.py:{_line('mismatch: op, rank 0')}; "

@@ -6,6 +6,8 @@ from stderr as the user would see it. CASE:
   fewer     rank 1 runs one iteration fewer than rank 0 and exits
   kill      rank 1 kills itself with SIGKILL (1 s after the barrier) before the all_reduce that rank 0 waits in
   backward  rank 0 sleeps forever before a backward that rank 1 waits in (DDP's gradient all_reduce)
+  inside    rank 0 sleeps forever inside its backward (before any gradient is ready); rank 1 skips the backward
+            and waits in an all_reduce
   op        (debug mode) rank 0 calls all_reduce where rank 1 calls barrier
   shape     (debug mode) the ranks all_reduce tensors of different shapes
   dtype     (debug mode) the ranks all_reduce tensors of different dtypes
@@ -59,10 +61,30 @@ def main() -> None:
         if rank == 0:
             sleep_forever()
         fabric.backward(loss)  # collective #3: rank 1 waits in DDP's gradient all_reduce
+    elif case == "inside":
+        model = fabric.setup(torch.nn.Linear(2, 2))  # collective #2
+        loss = SleepsOnRank0.apply(model(torch.ones(4, 2))).sum()
+        if rank == 0:
+            fabric.backward(loss)  # collective #3 on rank 0: it never returns
+        fabric.all_reduce(torch.ones(2))  # collective #3 on rank 1: it waits here
     elif case in ("op", "shape", "dtype", "gather"):
         mismatch(fabric, case)
     elif case == "agree":
         agree(fabric, outdir)
+
+
+class SleepsOnRank0(torch.autograd.Function):
+    """Identity; its backward sleeps forever on rank 0 (a rank stuck in its own code inside fabric.backward)."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        if int(os.environ["RANK"]) == 0:
+            sleep_forever()
+        return grad
 
 
 def mismatch(fabric: Fabric, case: str) -> None:
