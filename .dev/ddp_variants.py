@@ -1,0 +1,255 @@
+"""DDP step time with 2 CPU processes over gloo: raw torch DDP, fabric's `ddp` and Lightning Fabric's, paired.
+
+One 2-rank job (started as torchrun would: RANK, WORLD_SIZE, MASTER_ADDR, ... in the environment) holds every
+contender: fabric sets up its model (creating the process group, as in a user's script), raw torch wraps its
+own copy of the same model in DistributedDataParallel on that group, and Lightning Fabric (where this
+interpreter imports it) sets up a third copy on it too. The contenders take turns step by step (the order flips
+every step), each step timed alone on rank 0: each round gives one per-step time per contender (the median of its
+steps), and the ratio to raw DDP is reported as the median and p25-p75 band of the per-round ratios: both sides of
+each ratio ran in the same processes, moments apart.
+
+Two things keep the noise of this machine (2 cores, 2 ranks, each with its gloo threads) out of the ratio:
+- Each rank's threads are pinned to a core of their own (rank r on core r; `--no-pin` leaves them to the
+  scheduler). Unpinned, each step's end is a race between the ranks' threads for the two cores, and a few
+  hundred nanoseconds more or less of Python before `backward` decide who waits: one `sys._getframe()` call
+  before `loss.backward()` moved the raw step by +25 to +34 us (2-3%) unpinned, and by nothing pinned.
+- A second copy of raw DDP runs as a contender ("control"): its ratio to raw DDP is what two identical
+  contenders differ by in this run, the floor under every other ratio.
+- The tiny MLP runs TINY_ROUNDS_FACTOR times the rounds (a round of it takes about a second): with 9 rounds,
+  the median ratio of one run moved by about 1% from run to run; with 61, by about 0.6%.
+- The rounds are split over one job per contender, each building the contenders' models in another order (the
+  one built first runs about 1% slower all job long), and pooled; a line per job shows its own ratios.
+
+Run:  python benchmarks/ddp_step.py [--rounds 15] [--no-pin] [--jobs N]
+      python benchmarks/ddp_step.py --profile 2000   # cProfile 2000 fabric DDP steps on rank 0
+      python benchmarks/ddp_step.py --smoke          # a quick run of the code paths: no numbers to keep
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import contextlib
+import io
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+sys.path.insert(0, '/work/main/benchmarks')
+from _common import emit, load_line, pooled_jobs, ratio_band, run_two_ranks
+from step_overhead import (
+    all_steps,
+    alternate,
+    importable_frameworks,
+    make_mlp,
+    parse,
+    print_profile,
+    report,
+    rounds_to_run,
+)
+
+# name -> (layer widths, batch size per rank, batches, batch cycles per round: steps per round = their product)
+MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {
+    "tiny": ((32, 64, 64, 10), 32, 50, 4),
+}
+TINY_ROUNDS_FACTOR = 5
+SMOKE_MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {"tiny": ((32, 64, 64, 10), 32, 5, 1)}
+WORLD_SIZE = 2
+TARGET = 1.02
+WORKER_TIMEOUT_S = 300
+
+
+def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabric: Any) -> Callable[[int], None]:
+    """This rank's model, optimizer and data set up by `framework`; a function running step `index` of `steps`."""
+    import torch
+    from torch.nn.functional import cross_entropy
+
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)  # the same weights for every contender; DDP broadcasts rank 0's anyway
+    model: Any = make_mlp(widths)
+    optimizer: Any = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(rank)
+    xs = torch.randn(steps, batch, widths[0], generator=gen)
+    batches = list(zip(xs, torch.randint(0, widths[-1], (steps, batch), generator=gen), strict=True))
+    backward: Callable[[Any], None] = lambda loss: loss.backward()  # noqa: E731
+    if framework in ("raw", "raw2"):
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model)
+    else:
+        fab = fabric
+        model, optimizer = fab.setup(model, optimizer)
+        backward = fab.backward
+        if framework == "fplain":
+            backward = lambda loss: loss.backward()  # noqa: E731
+        if framework == "fnowrap":
+            model = model._forward_module
+        if framework == "fbare":
+            model, optimizer = model._forward_module, optimizer.optimizer
+            backward = lambda loss: loss.backward()  # noqa: E731
+    torch.set_num_threads(1)  # a framework may have changed it during setup
+
+    def step(index: int) -> None:
+        x, y = batches[index % steps]
+        loss = cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        backward(loss)
+        optimizer.step()
+
+    return step
+
+
+def _peer_fabric(framework: str) -> Any:
+    """Lightning Fabric on the process group fabric created (it finds the group initialised and joins it)."""
+    fab = __import__(framework).Fabric(accelerator="cpu", strategy="ddp", devices=WORLD_SIZE)
+    fab.launch()
+    return fab
+
+
+def _pin_threads(rank: int) -> bool:
+    """Every thread of this rank (gloo's and fabric's too) on core `rank`; threads started later inherit it.
+    False where the machine has fewer cores than ranks, or no affinity call (not Linux)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < WORLD_SIZE:
+        return False
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task.name), {cores[rank]})
+    return True
+
+
+def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_steps: int, pin: bool) -> NoReturn:
+    """One rank: build every contender, warm up, interleave the rounds; rank 0 prints the samples as JSON. Ends the
+    process (see the end)."""
+    import faulthandler
+
+    import torch
+    import torch.distributed as dist
+
+    from fabric import Fabric
+
+    # A rank that hangs (a lost peer, a stuck shutdown) prints where, for the error message, and exits.
+    faulthandler.dump_traceback_later(WORKER_TIMEOUT_S, exit=True)
+    torch.set_num_threads(1)
+    fabric = Fabric(accelerator="cpu", strategy="ddp", devices=WORLD_SIZE)
+    fabric.launch()  # creates the process group, as a user's script does
+    pinned = pin and _pin_threads(fabric.global_rank)  # after launch: gloo's threads exist now
+    widths, batch, steps, blocks = (SMOKE_MODELS if smoke else MODELS)[model_name]
+    names = ["fabric"] if profile_steps else frameworks.split(",")
+    step_fns = {fw: _build(fw, widths, batch, profile_steps or steps, fabric) for fw in names}
+    runs = {fw: all_steps(step, profile_steps or steps) for fw, step in step_fns.items()}
+    for run in runs.values():  # warm up: allocator, DDP's bucket rebuild after the first step, lazy imports
+        for _ in range(1 if smoke else max(2, 100 // steps)):
+            run()
+    if profile_steps:
+        _profile(runs["fabric"], profile_steps)
+    else:
+        dist.barrier()
+        samples = alternate(step_fns, steps * blocks, rounds)
+        if dist.get_rank() == 0:
+            job = {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "pinned": pinned}
+            emit({"samples": samples, **job})
+    dist.barrier()
+    dist.destroy_process_group()
+    # Leave without freeing the models: freeing the last DDP model after the group is gone frees gloo's process
+    # group, whose destructor joins gloo's worker thread while holding the GIL, and that thread may still be
+    # freeing the barrier's work, whose thread-local state needs the GIL: a deadlock inside torch (native stacks
+    # seen with py-spy; about 1 run in 15 with the ranks pinned, which makes the window wider).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _profile(run: Callable[[], None], steps: int) -> None:
+    import cProfile
+    import pstats
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    if dist.get_rank() != 0:
+        run()
+        return
+    prof = cProfile.Profile()
+    prof.runcall(run)
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        print_profile(pstats.Stats(prof), steps, "fabric DDP steps on rank 0 (tiny MLP, 2 gloo ranks, 1 thread)")
+    emit({"profile": text.getvalue()})
+
+
+def _run_jobs(
+    argv: Callable[[list[str]], list[str]], names: list[str], jobs: int
+) -> tuple[dict[str, list[float]], bool]:
+    """Run the 2-rank job `jobs` times, job j building the contenders in `names` rotated by j; their rounds pooled
+    per contender (in `names` order), and whether every job pinned its ranks. With several jobs, a line per job
+    gives its median ratios to raw DDP."""
+    pinned = True
+
+    def run_job(job: int, order: list[str]) -> dict[str, list[float]]:
+        nonlocal pinned
+        data = run_two_ranks(argv(order), {}, timeout=WORKER_TIMEOUT_S + 60)
+        assert data["world_size"] == WORLD_SIZE, data
+        pinned &= bool(data.get("pinned"))
+        if jobs > 1:
+            base = data["samples"]["raw"]
+            ratios = ", ".join(f"{name} {ratio_band(data['samples'][name], base)[0]:.3f}x" for name in names[1:])
+            print(f"job {job + 1} of {jobs} (built first: {order[0]}): median ratio to raw DDP: {ratios}")
+        return data["samples"]
+
+    pooled = pooled_jobs(names, jobs, run_job)
+    return pooled, pinned
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-pin", action="store_true", help="leave the ranks' threads to the scheduler")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="jobs the rounds are split over (default: one per contender)"
+    )
+
+
+def main() -> int:
+    args = parse(more=_options)
+    if args.worker:
+        model_name, _, rounds, frameworks = args.worker
+        worker(model_name, int(rounds), frameworks, args.smoke, args.profile or 0, not args.no_pin)
+    if args.profile:
+        profiled = [__file__, "--worker", "tiny", "-", "1", "fabric", "--profile", str(args.profile)]
+        print(run_two_ranks(profiled, {"MKL_NUM_THREADS": "1"}, timeout=WORKER_TIMEOUT_S + 60).get("profile", ""))
+        return 0
+    frameworks = ["raw", "raw2", "fabric", "fplain", "fnowrap", "fbare"]
+    import step_overhead
+    step_overhead.FRAMEWORK_LABELS.update({"fplain": "fabric, loss.backward()", "fnowrap": "fabric, DDP module called", "fbare": "fabric setup, raw DDP+opt+backward"})
+    print(load_line())
+    base_rounds = rounds_to_run(args)
+    for model_name, (widths, batch, steps, blocks) in (SMOKE_MODELS if args.smoke else MODELS).items():
+        jobs = args.jobs or (1 if args.smoke else len(frameworks))
+        factor = TINY_ROUNDS_FACTOR if model_name == "tiny" else 1
+        # The small MLP: at least half the rounds per job (its per-round ratios spread by several percent).
+        rounds = base_rounds if args.smoke else max(-(-base_rounds * factor // jobs), -(-base_rounds // 2))
+        options = [*(["--smoke"] if args.smoke else []), *(["--no-pin"] if args.no_pin else [])]
+
+        def argv(
+            order: list[str], name: str = model_name, rounds: int = rounds, options: list[str] = options
+        ) -> list[str]:
+            return [__file__, "--worker", name, "-", str(rounds), ",".join(order), *options]
+
+        samples, pinned = _run_jobs(argv, frameworks, jobs)
+        title = (
+            f"DDP, {WORLD_SIZE} CPU processes (gloo), {model_name} MLP {'->'.join(map(str, widths))}, batch {batch}"
+            f"/rank; {_plural(jobs, 'job')}{' (each building the models in another order)' if jobs > 1 else ''} x "
+            f"{rounds} rounds x {blocks * steps} alternated steps, each timed on "
+            f"rank 0, 1 thread/rank, {'each rank pinned to a core' if pinned else 'ranks not pinned to cores'}"
+        )
+        report(title, samples, TARGET, raw_label="raw DDP")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
