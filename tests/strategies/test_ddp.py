@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from _one_process import one_process
 from torch import nn
 
 from fabric import DDPStrategy, Fabric
@@ -114,11 +115,7 @@ def test_debug_mode_sends_the_backward_through_the_strategy(monkeypatch: pytest.
 
 @pytest.fixture
 def one_rank_ddp() -> Iterator[Fabric]:
-    """A launched `ddp` Fabric of one process: a real gloo group, with its recorder and job-health thread."""
-    fabric = Fabric(accelerator="cpu", strategy="ddp", devices=1)
-    fabric.launch()
-    yield fabric
-    fabric.strategy.teardown()
+    yield from one_process("ddp")
 
 
 def test_a_ddp_backward_is_torchs_backward_and_a_count(one_rank_ddp: Fabric) -> None:

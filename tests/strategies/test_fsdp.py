@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from _one_process import one_process
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -160,10 +161,7 @@ def test_clip_non_finite_norm_is_named() -> None:
 # -- a 1-process world: real fully_shard, real errors ------------------------------------------------------
 @pytest.fixture
 def fabric1() -> Iterator[Fabric]:
-    fabric = Fabric(accelerator="cpu", strategy="fsdp", devices=1)
-    fabric.launch()
-    yield fabric
-    fabric.strategy.teardown()
+    yield from one_process("fsdp")
 
 
 def test_one_process_trains_with_sharded_parameters(fabric1: Fabric) -> None:
