@@ -65,7 +65,7 @@ def call_site() -> str:
     return site_text(frame.f_code, frame.f_lasti) if frame is not None else site_text(None, -1)
 
 
-def backward_caller(method: str = "backward") -> FrameType | None:
+def backward_caller() -> FrameType | None:
     """The user's frame that called fabric's `backward` and is still inside it, in whichever thread; else None.
 
     For the job-health thread, which samples this a few times a second instead of the training thread recording
@@ -73,17 +73,16 @@ def backward_caller(method: str = "backward") -> FrameType | None:
     """
     current = threading.get_ident()
     for ident, frame in sys._current_frames().items():
-        if ident == current:
-            continue
-        inside = _above_fabric_method(frame, method)
-        if inside is not None:
-            return inside
+        if ident != current:
+            inside = _above_fabric_backward(frame)
+            if inside is not None:
+                return inside
     return None
 
 
-def _above_fabric_method(frame: FrameType | None, method: str) -> FrameType | None:
-    """The first frame outside fabric above the innermost fabric frame of function `method` in `frame`'s stack."""
-    while frame is not None and not (frame.f_code.co_name == method and _SKIP_FILE[frame.f_code.co_filename]):
+def _above_fabric_backward(frame: FrameType | None) -> FrameType | None:
+    """The first frame outside fabric above the innermost fabric function named `backward` in `frame`'s stack."""
+    while frame is not None and not (frame.f_code.co_name == "backward" and _SKIP_FILE[frame.f_code.co_filename]):
         frame = frame.f_back
     while frame is not None and _SKIP_FILE[frame.f_code.co_filename]:
         frame = frame.f_back

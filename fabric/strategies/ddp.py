@@ -88,7 +88,7 @@ class DDPStrategy(ParallelStrategy):
         try:
             precision.backward(tensor, module, *args, **kwargs)
         except RuntimeError as err:
-            _diagnostics.backward_failed(err, counter, self._timeout_words)
+            self._backward_failed(err, counter)
             raise
 
     def _fast_backward(self) -> tuple[bool, Any]:
