@@ -3,9 +3,10 @@
 Memory: a language-model-shaped network (token embedding, 12 pre-norm residual MLP blocks of width 1024, a
 vocabulary head; about 170M parameters) trains with AdamW in `32-true` under `strategy="ddp"`,
 `FSDPStrategy(auto_wrap_policy={block})` and `DeepSpeedStrategy(stage=3)` on the same N GPUs, each strategy in a
-fresh launch of N processes. The model is built under `fabric.init_module()`, as a user would. Reported per
-rank: torch.cuda.max_memory_allocated over setup and training, and its ratio to DDP on the same rank. Sharding
-should divide the parameter, gradient and optimizer memory by about N; activations are not sharded.
+fresh launch of N processes (with --device cpu, where nothing is measured, one launch runs them all). The model is
+built under `fabric.init_module()`, as a user would. Reported per rank: torch.cuda.max_memory_allocated over setup
+and training, and its ratio to DDP on the same rank. Sharding should divide the parameter, gradient and optimizer
+memory by about N; activations are not sharded.
 
 Speed: on the same N GPUs, in one launch, raw `DistributedDataParallel` with `torch.autocast("cuda",
 torch.bfloat16)` against fabric's `strategy="ddp", precision="bf16-mixed"`, the same model and batches,
@@ -110,27 +111,28 @@ def _write(out: str, rank: int, payload: dict) -> None:
     Path(f"{out}.rank{rank}.json").write_text(json.dumps(payload))
 
 
-def memory_worker(name: str, device: str, size: str, devices: int, out: str) -> None:
-    """One rank of one strategy: build under init_module, train, report the peak allocated memory."""
+def memory_worker(names: str, device: str, size: str, devices: int, out: str) -> None:
+    """One rank of each strategy in NAMES (joined by '+'): build under init_module, train, report the peak memory."""
     import torch
 
     from fabric import Fabric
 
-    fabric = Fabric(accelerator=device, strategy=_strategy(name), devices=devices, precision="32-true")
-    fabric.launch()
-    cuda = fabric.device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(fabric.device)
-    with fabric.init_module():
-        model = make_model(size)
-    model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
-    step = _step_fn(model, optimizer, fabric.backward, nullcontext)
-    tokens, targets = _batch(size, fabric.global_rank, fabric.device)
-    for _ in range(sum(SIZES[size][6:8])):
-        step(tokens, targets)
-    peak = torch.cuda.max_memory_allocated(fabric.device) / 2**20 if cuda else None
-    gpu = torch.cuda.get_device_name(fabric.device) if cuda else "cpu"
-    _write(out, fabric.global_rank, {"peak_mb": peak, "device_name": gpu})
+    peaks: dict[str, float | None] = {}
+    for name in names.split("+"):
+        fabric = Fabric(accelerator=device, strategy=_strategy(name), devices=devices, precision="32-true")
+        fabric.launch()
+        cuda = fabric.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(fabric.device)
+        with fabric.init_module():
+            model = make_model(size)
+        model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+        step = _step_fn(model, optimizer, fabric.backward, nullcontext)
+        tokens, targets = _batch(size, fabric.global_rank, fabric.device)
+        for _ in range(sum(SIZES[size][6:8])):
+            step(tokens, targets)
+        peaks[name] = torch.cuda.max_memory_allocated(fabric.device) / 2**20 if cuda else None
+    _write(out, fabric.global_rank, {"peaks": peaks})
 
 
 def speed_worker(device: str, size: str, devices: int, out: str) -> None:
@@ -190,7 +192,13 @@ def _memory_table(device: str, size: str, devices: int) -> None:
 
     # Without deepspeed installed its row says so; the other strategies are still measured.
     names = [n for n in STRATEGIES if n != "deepspeed stage 3" or importlib.util.find_spec("deepspeed")]
-    peaks = {name: [r["peak_mb"] for r in _launch(["memory", name, device, size], devices)] for name in names}
+    # A peak is a process's own, so on GPUs each strategy gets a fresh launch; the CPU measures nothing, and there
+    # one launch runs every strategy's code path in turn (a launch is seconds of imports).
+    launches = [[name] for name in names] if device == "cuda" else [names]
+    peaks: dict[str, list[float | None]] = {}
+    for group in launches:
+        ranks = _launch(["memory", "+".join(group), device, size], devices)
+        peaks.update({name: [rank["peaks"][name] for rank in ranks] for name in group})
     vocab, width, layers = SIZES[size][:3]
     print(f"\nPeak memory per rank, MB (torch.cuda.max_memory_allocated), 32-true, AdamW, {devices} processes:")
     print(f"{layers} MLP blocks of width {width}, vocab {vocab}; ratio to DDP on the same rank")
