@@ -1,7 +1,7 @@
 """Print the requirements of this project and the extras named on the command line, one per line.
 
-The CI stages install these into an environment in the background, before the project itself is installed there
-(its editable install writes the package's metadata into the source tree, which another stage may be doing).
+.ci/xla_stage installs these into the torch 2.9 environment in the background, before the project itself is installed
+there (its editable install writes the package's metadata into the source tree, as the first stage's may be doing).
 Extras that name the project itself (`torchfabric[docs,s3]`) are expanded here.
 """
 
