@@ -159,6 +159,8 @@ def main() -> int:
     if args.smoke and args.device == "cpu":
         precisions = ("bf16-mixed",)  # the autocast paths; keeps the check quick
     contenders = common_contenders("raw torch", None if args.smoke else args.peer_python)
+    if args.smoke:  # a check of fabric's code paths: peers installed here would only add their start-up time
+        contenders = [c for c in contenders if c[2] in ("raw", "fabric")]
     for precision in precisions:
         _measure(contenders, precision, args.device, size, args.rounds)
     return 0
