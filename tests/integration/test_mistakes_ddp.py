@@ -12,11 +12,25 @@ pytestmark = pytest.mark.multiprocess
 JOB_TIMEOUT = 240
 
 
-def test_ddp_mistakes_are_named_and_a_correct_loop_stays_silent(tmp_path: Path) -> None:
-    run = runner.run_script("mistakes_ddp.py", str(tmp_path), timeout=JOB_TIMEOUT)
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 2-rank job for both tests (each launch costs two interpreters); its output folder."""
+    out = tmp_path_factory.mktemp("mistakes_ddp")
+    run = runner.run_script("mistakes_ddp.py", str(out), timeout=JOB_TIMEOUT)
     assert run.returncode == 0, run.output
+    return out
+
+
+def test_a_ddp_model_freed_after_destroy_process_group_ends_the_job(job: Path) -> None:
+    # The job got here: no rank hung freeing the model. And the model did hold the group's last reference, so the
+    # hang's conditions were met (a gather in flight when the group went).
     for rank in (0, 1):
-        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert json.loads((job / f"rank{rank}.end.json").read_text()) == {"group_freed_with_model": True}
+
+
+def test_ddp_mistakes_are_named_and_a_correct_loop_stays_silent(job: Path) -> None:
+    for rank in (0, 1):
+        seen = json.loads((job / f"rank{rank}.json").read_text())
         # Lightning allows it (the gradients may be averaged by hand): a warning naming the drift, which happens.
         assert len(seen["backward_warnings"]) == 1
         assert seen["backward_warnings"][0].startswith(

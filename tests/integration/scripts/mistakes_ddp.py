@@ -10,11 +10,16 @@ OUTDIR/rank{N}.json with:
   seen while the returned model ran it (none expected: the guard is lifted, so torch's fast path runs);
 - unwrapped_warnings: the warnings of two training steps through the original module (one expected), of an
   inference call on it under torch.no_grad() (none expected), and whether the weights then differ across ranks.
+Then it ends as a user's script may: destroy_process_group() while a gather is still in flight, and the model
+fabric.setup returned freed after it (see `free_model_after_destroy`); OUTDIR/rank{N}.end.json says whether that
+freed the group. Before fabric released DDP's hold on the group through Python, rank 0 hung there for good.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +68,22 @@ def raw_ddp_weights(rank: int, steps: int) -> torch.Tensor:
         optimizer.step()
         optimizer.zero_grad()
     return flat(model)
+
+
+def free_model_after_destroy(rank: int, state: dict[str, Any]) -> bool:
+    """Destroy the group while gloo still runs a gather, then free the DDP model; True if that freed the group.
+
+    The gather's tensors are created here and dropped at once, so gloo's worker thread releases them (it needs the
+    GIL for that) after rank 1 joins, a second later; by then rank 0 has freed the model, the group's last holder.
+    """
+    group = weakref.ref(dist.group.WORLD)
+    if rank == 1:
+        time.sleep(1)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the new name in torch 2.13
+    gather(torch.empty(2 * 3), torch.ones(3), async_op=True)
+    dist.destroy_process_group()
+    state.clear()  # the model fabric.setup returned, and its optimizer
+    return group() is None
 
 
 def main() -> None:
@@ -117,8 +138,7 @@ def main() -> None:
     report["unwrapped_warnings"] = caught(train_through_original)
     report["unwrapped_equal"] = equal_across_ranks(fabric, original)
     write_json(out / f"rank{rank}.json", report)
-    fabric.barrier()
-    dist.destroy_process_group()
+    write_json(out / f"rank{rank}.end.json", {"group_freed_with_model": free_model_after_destroy(rank, state)})
 
 
 if __name__ == "__main__":
