@@ -52,6 +52,7 @@ def _raw_rank(rank: int, outdir: Path) -> None:
     cross_entropy(ddp(x), y).backward()
     optimizer.step()
     _record(outdir, rank)
+    del ddp  # freed after destroy_process_group, a raw DDP model can hang the process (docs/troubleshooting.md)
     dist.destroy_process_group()
 
 

@@ -148,4 +148,3 @@ def _release_group_last(wrapped: Module) -> None:
     state = wrapped.__dict__
     if "process_group" in state:
         state["process_group"] = state.pop("process_group")
-

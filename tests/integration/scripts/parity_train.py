@@ -75,6 +75,8 @@ def raw_worker(rank: int, outdir: Path, port: int) -> None:
                         optimizer.step()
                         optimizer.zero_grad()
             save(module, outdir, f"raw_{variant}_rank{rank}")
+            # A raw DDP model freed after destroy_process_group can hang this process (docs/troubleshooting.md).
+            del model, optimizer
     finally:
         dist.destroy_process_group()
 
