@@ -17,6 +17,7 @@ from fabric.environments.cluster_environment import ClusterEnvironment
 from fabric.io.checkpoint_io import CheckpointIO
 from fabric.precision.precision import Precision
 from fabric.strategies.parallel import DEFAULT_TIMEOUT, ParallelStrategy
+from fabric.utilities import distributed as _dist
 from fabric.utilities.exceptions import FabricTypeError
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class DDPStrategy(ParallelStrategy):
         # torch.cuda.stream(...) around fabric.setup.
         with self._collective("setup"):  # DDP's constructor broadcasts rank 0's weights
             wrapped = DistributedDataParallel(module, device_ids=device_ids, **self._ddp_kwargs)
-        _release_group_last(wrapped)
+        _dist.release_group_last(wrapped)
         self._ddp_modules = [ref for ref in self._ddp_modules if ref() is not None]
         self._ddp_modules.append(weakref.ref(wrapped))
         return wrapped
@@ -133,18 +134,3 @@ def _syncs_gradients(module: Module | None) -> bool:
     # DDP's own flag, without importing DDP (its import costs tens of ms): no_sync() turns it off. The same test
     # is written out in DDPStrategy._backward_syncs' loop.
     return bool(getattr(module, "require_backward_grad_sync", False)) and hasattr(module, "reducer")
-
-
-def _release_group_last(wrapped: Module) -> None:
-    """Make the Python handle of the process group, not DDP's C++ Reducer, drop the group's last reference.
-
-    A module's attributes are released in the order they were set, and DDP sets `process_group` before `reducer`
-    and `logger` (which holds the reducer too). So when the model is freed after destroy_process_group, the
-    Reducer dropped the group, and its destructor joined gloo's worker threads while holding the GIL; a worker
-    still releasing a finished collective (one that held a tensor created in Python) waits for the GIL, and the
-    process hangs for good (seen on CPU after all_gather + barrier + destroy_process_group). The Python handle
-    releases the GIL in that destructor, so set last it lets the worker finish and the join return.
-    """
-    state = wrapped.__dict__
-    if "process_group" in state:
-        state["process_group"] = state.pop("process_group")

@@ -144,6 +144,21 @@ class _DifferentiableAllGather(torch.autograd.Function):
         return grad[ctx.rank], None, None
 
 
+def release_group_last(wrapped: torch.nn.Module) -> None:
+    """Make the Python handle of a DDP model's process group, not DDP's C++ Reducer, drop the group's last reference.
+
+    A module's attributes are released in the order they were set, and DDP sets `process_group` before `reducer`
+    and `logger` (which holds the reducer too). So when the model is freed after destroy_process_group, the
+    Reducer dropped the group, and its destructor joined gloo's worker threads while holding the GIL; a worker
+    still releasing a finished collective (one that held a tensor created in Python) waits for the GIL, and the
+    process hangs for good (seen on CPU after all_gather + barrier + destroy_process_group). The Python handle
+    releases the GIL in that destructor, so set last it lets the worker finish and the join return.
+    """
+    state = wrapped.__dict__
+    if "process_group" in state:
+        state["process_group"] = state.pop("process_group")
+
+
 def init_process_group(
     backend: str,
     main_address: str,

@@ -37,9 +37,13 @@ def replicate(stage: Module, mesh: Any, device: Any, how: str) -> Module:
         # find_unused_parameters=True: it turns off DDP's bucket rebuild after the first step, which miscounts the
         # parameters when several microbatches' backwards run before a synchronised one (GPipe: torch's reducer
         # asserts "rebuilt parameter indices size is not same as original model parameters size").
-        return DistributedDataParallel(  # broadcasts replica 0's weights
+        from fabric.utilities.distributed import release_group_last
+
+        wrapped = DistributedDataParallel(  # broadcasts replica 0's weights
             stage, device_ids=device_ids, process_group=group, find_unused_parameters=True
         )
+        release_group_last(wrapped)
+        return wrapped
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
