@@ -1,0 +1,52 @@
+# Sourced by .ci/run, .ci/xla_stage and .ci/clients: `install_into VENV [--no-cache] REQUIREMENT...`.
+#
+# CI's environments are installed with uv where it can be had, pip otherwise. On 2 cores the installs compete with
+# the first stage's tests for the CPU, and pip spent about 470 CPU-seconds on them (176 for torch 2.9 and torch-xla
+# alone: downloading and unpacking 4 GB in Python, and byte-compiling every file), uv about 110 for the same
+# packages. The README's own install command still runs with pip in the first stage: it then finds the
+# requirements installed, and installs the project itself.
+#
+# uv reads neither pip's configuration nor its find-links, so the locations pip is told to search for wheels (a
+# machine's own CPU build of torch, say) are passed on: without them torch==2.13.0 would be PyPI's CUDA build.
+# pip's extra indexes are not passed: uv takes every version of a package from the first index that has it, and a
+# partial local mirror would then pin old releases.
+#
+# --no-cache: nothing of these packages is kept in uv's cache (torch 2.9's CUDA wheels are 4 GB that a cache would
+# hold a second copy of). Bytecode is not compiled ahead: each process compiles what it imports, once.
+
+UV=.venv-uv/bin/uv
+
+# Make uv available in .venv-uv (a second of pip); where that fails, installs fall back to pip.
+ensure_uv() {
+    [ -x "$UV" ] && return 0
+    { python3 -m venv .venv-uv && .venv-uv/bin/pip install -q uv; } || echo "uv could not be installed; using pip"
+}
+
+# pip's --find-links locations (its environment and configuration), as uv arguments.
+pip_find_links() {
+    local links
+    links="${PIP_FIND_LINKS:-} $(python3 -m pip config get global.find-links 2>/dev/null || true)"
+    for link in $links; do
+        [ -e "${link#file://}" ] && printf -- '--find-links\n%s\n' "$link"
+    done
+    return 0
+}
+
+install_into() {
+    local venv=$1 cache=()
+    shift
+    if [ "${1:-}" = "--no-cache" ]; then
+        cache=(--no-cache)
+        shift
+    fi
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    ensure_uv
+    if [ -x "$UV" ]; then
+        local links
+        mapfile -t links < <(pip_find_links)
+        "$UV" pip install --python "$venv/bin/python" "${cache[@]}" "${links[@]}" "$@"
+    else
+        [ ${#cache[@]} -eq 0 ] || cache=(--no-cache-dir)
+        "$venv/bin/pip" install --no-compile "${cache[@]}" "$@"
+    fi
+}
