@@ -12,7 +12,10 @@
 # partial local mirror would then pin old releases.
 #
 # --no-cache: nothing of these packages is kept in uv's cache (torch 2.9's CUDA wheels are 4 GB that a cache would
-# hold a second copy of). Bytecode is not compiled ahead: each process compiles what it imports, once.
+# hold a second copy of). Bytecode is compiled ahead only with --compile, as pip does: where PYTHONDONTWRITEBYTECODE
+# is set (it is on this project's machines), an environment without it would compile torch again in every process
+# the tests start (a first stage that took half as long again). The other stages unset it instead, and then each
+# process compiles what it imports, once.
 
 UV=.venv-uv/bin/uv
 
@@ -32,21 +35,24 @@ pip_find_links() {
     return 0
 }
 
+# install_into VENV [--no-cache] [--compile] REQUIREMENT...
 install_into() {
-    local venv=$1 cache=()
+    local venv=$1 uv_options=() pip_options=(--no-compile)
     shift
-    if [ "${1:-}" = "--no-cache" ]; then
-        cache=(--no-cache)
+    while [ "${1:-}" = "--no-cache" ] || [ "${1:-}" = "--compile" ]; do
+        case $1 in
+            --no-cache) uv_options+=(--no-cache) && pip_options+=(--no-cache-dir) ;;
+            --compile) uv_options+=(--compile-bytecode) && pip_options[0]=--compile ;;
+        esac
         shift
-    fi
+    done
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     ensure_uv
     if [ -x "$UV" ]; then
         local links
         mapfile -t links < <(pip_find_links)
-        "$UV" pip install --python "$venv/bin/python" "${cache[@]}" "${links[@]}" "$@"
+        "$UV" pip install --python "$venv/bin/python" "${uv_options[@]}" "${links[@]}" "$@"
     else
-        [ ${#cache[@]} -eq 0 ] || cache=(--no-cache-dir)
-        "$venv/bin/pip" install --no-compile "${cache[@]}" "$@"
+        "$venv/bin/pip" install "${pip_options[@]}" "$@"
     fi
 }
