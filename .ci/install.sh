@@ -1,10 +1,11 @@
-# Sourced by .ci/run, .ci/xla_stage and .ci/clients: `install_into VENV [--no-cache] REQUIREMENT...`.
+# Sourced by .ci/run, .ci/xla_stage and .ci/clients: `install_into VENV [--no-cache] [--compile] REQUIREMENT...`.
 #
 # CI's environments are installed with uv where it can be had, pip otherwise. On 2 cores the installs compete with
-# the first stage's tests for the CPU, and pip spent about 470 CPU-seconds on them (176 for torch 2.9 and torch-xla
-# alone: downloading and unpacking 4 GB in Python, and byte-compiling every file), uv about 110 for the same
-# packages. The README's own install command still runs with pip in the first stage: it then finds the
-# requirements installed, and installs the project itself.
+# the first stage's tests for the CPU. Measured here, pip spent about 470 CPU-seconds on them (176 for torch 2.9 and
+# torch-xla alone: downloading and unpacking 4 GB in Python), uv about 200 for the same packages, most of it
+# byte-compiling the first stage's environment. The README's own install command still runs with pip in the first
+# stage: it then finds the requirements installed and installs the project itself (21 CPU-s instead of 94).
+# Where uv cannot be installed, or fails, pip installs instead.
 #
 # uv reads neither pip's configuration nor its find-links, so the locations pip is told to search for wheels (a
 # machine's own CPU build of torch, say) are passed on: without them torch==2.13.0 would be PyPI's CUDA build.
@@ -25,9 +26,12 @@ ensure_uv() {
     { python3 -m venv .venv-uv && .venv-uv/bin/pip install -q uv; } || echo "uv could not be installed; using pip"
 }
 
-# pip's --find-links locations (its environment and configuration), as uv arguments.
-pip_find_links() {
-    local links
+# Where pip is told to look, as uv arguments: its index (a registry mirror, if one is configured) and its
+# --find-links locations, from its environment and configuration.
+pip_locations() {
+    local index links
+    index="${PIP_INDEX_URL:-$(python3 -m pip config get global.index-url 2>/dev/null || true)}"
+    [ -z "$index" ] || printf -- '--default-index\n%s\n' "$index"
     links="${PIP_FIND_LINKS:-} $(python3 -m pip config get global.find-links 2>/dev/null || true)"
     for link in $links; do
         [ -e "${link#file://}" ] && printf -- '--find-links\n%s\n' "$link"
@@ -49,10 +53,13 @@ install_into() {
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     ensure_uv
     if [ -x "$UV" ]; then
-        local links
-        mapfile -t links < <(pip_find_links)
-        "$UV" pip install --python "$venv/bin/python" "${uv_options[@]}" "${links[@]}" "$@"
-    else
-        "$venv/bin/pip" install "${pip_options[@]}" "$@"
+        local locations
+        mapfile -t locations < <(pip_locations)
+        # pip's certificate bundle, where it is given one (a registry behind a TLS proxy), for uv too.
+        local cert="${SSL_CERT_FILE:-${PIP_CERT:-}}"
+        env ${cert:+SSL_CERT_FILE="$cert"} "$UV" pip install --python "$venv/bin/python" \
+            "${uv_options[@]}" "${locations[@]}" "$@" && return 0
+        echo "uv could not install into $venv; pip installs instead"
     fi
+    "$venv/bin/pip" install "${pip_options[@]}" "$@"
 }
