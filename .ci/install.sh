@@ -27,17 +27,19 @@ ensure_uv() {
 }
 
 # Where pip is told to look, as uv arguments: its index (a registry mirror, if one is configured) and its
-# --find-links locations, from its environment and configuration.
+# --find-links locations, each from its environment or else its configuration, as pip reads them.
 pip_locations() {
     local index links
     index="${PIP_INDEX_URL:-$(python3 -m pip config get global.index-url 2>/dev/null || true)}"
     [ -z "$index" ] || printf -- '--default-index\n%s\n' "$index"
-    links="${PIP_FIND_LINKS:-} $(python3 -m pip config get global.find-links 2>/dev/null || true)"
+    links="${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}"
     for link in $links; do
         [ -e "${link#file://}" ] && printf -- '--find-links\n%s\n' "$link"
     done
     return 0
 }
+# Read once here, not at each install: every read starts two Pythons.
+mapfile -t PIP_LOCATIONS < <(pip_locations)
 
 # install_into VENV [--no-cache] [--compile] REQUIREMENT...
 install_into() {
@@ -53,12 +55,10 @@ install_into() {
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     ensure_uv
     if [ -x "$UV" ]; then
-        local locations
-        mapfile -t locations < <(pip_locations)
         # pip's certificate bundle, where it is given one (a registry behind a TLS proxy), for uv too.
         local cert="${SSL_CERT_FILE:-${PIP_CERT:-}}"
         env ${cert:+SSL_CERT_FILE="$cert"} "$UV" pip install --python "$venv/bin/python" \
-            "${uv_options[@]}" "${locations[@]}" "$@" && return 0
+            "${uv_options[@]}" "${PIP_LOCATIONS[@]}" "$@" && return 0
         echo "uv could not install into $venv; pip installs instead"
     fi
     "$venv/bin/pip" install "${pip_options[@]}" "$@"
