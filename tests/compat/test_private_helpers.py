@@ -106,10 +106,13 @@ def test_external_callbacks_come_from_entry_point_factories(monkeypatch: pytest.
     assert registry._load_external_callbacks("other.group") == []
 
 
-def test_consolidate_checkpoint_module_writes_the_folder_as_one_file(tmp_path: Path) -> None:
+def test_consolidate_checkpoint_module_writes_the_folder_as_one_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import warnings
 
     from fabric.checkpoint import sharded
+    from fabric.utilities import consolidate_checkpoint
 
     model = torch.nn.Linear(3, 2)
     with warnings.catch_warnings():
@@ -121,12 +124,14 @@ def test_consolidate_checkpoint_module_writes_the_folder_as_one_file(tmp_path: P
     assert done.returncode == 0, done.stderr
     whole = torch.load(tmp_path / "ckpt.consolidated")
     assert whole["step"] == 4 and torch.equal(whole["model"]["weight"], model.weight)
-    again = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
-    assert again.returncode == 1 and "already exists, and consolidating would replace it" in again.stderr
-    missing = subprocess.run(
-        [*command[:-1], str(tmp_path / "nope")], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert missing.returncode == 1 and "does not exist. Pass the folder a sharded save wrote" in missing.stderr
+    # The refusals call the same main() that `python -m` ran above, here in this process: each new process
+    # would spend seconds importing torch to print one line. sys.exit(1) is the exit status 1 of the command.
+    with pytest.raises(SystemExit) as again:
+        consolidate_checkpoint.main([str(tmp_path / "ckpt")])
+    assert again.value.code == 1 and "already exists, and consolidating would replace it" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as missing:
+        consolidate_checkpoint.main([str(tmp_path / "nope")])
+    assert missing.value.code == 1 and "does not exist. Pass the folder a sharded save wrote" in capsys.readouterr().err
 
 
 def test_runif_reasons_name_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:

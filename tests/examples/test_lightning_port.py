@@ -1,7 +1,9 @@
 """examples/lightning_port.py is Lightning Fabric code after the documented sed, and runs (1 CPU process, resume).
 
 When Lightning is installed, the same script with its imports turned back into `lightning.fabric` runs under
-Lightning too and prints the same losses, which shows the port changed nothing but the imports.
+Lightning too and prints the same losses, which shows the port changed nothing but the imports. The ported
+script's first run (20 steps) is made once for the module: the resume test continues it, and the comparison
+with Lightning reads its losses.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import csv
 import os
 import re
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -48,6 +52,19 @@ def losses(stdout: str) -> list[float]:
     return [float(v) for v in re.findall(r"step \d+: loss ([0-9.]+)", stdout)]
 
 
+@dataclass
+class FirstRun:
+    stdout: str
+    cwd: Path  # what the run wrote: lightning_port/last.ckpt and its metrics
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
+    """The ported script for 20 steps on 1 CPU process, in a fresh folder."""
+    cwd = tmp_path_factory.mktemp("ours")
+    return FirstRun(run(EXAMPLE, cwd, "--max-steps", "20"), cwd)
+
+
 def test_the_example_is_lightning_code_after_the_sed_one_liner() -> None:
     text = EXAMPLE.read_text()
     original = as_lightning_code(text)
@@ -55,8 +72,10 @@ def test_the_example_is_lightning_code_after_the_sed_one_liner() -> None:
     assert sed(original) == text
 
 
-def test_ported_script_trains_logs_throughput_and_resumes(tmp_path: Path) -> None:
-    first = run(EXAMPLE, tmp_path, "--max-steps", "20")
+def test_ported_script_trains_logs_throughput_and_resumes(first_run: FirstRun, tmp_path: Path) -> None:
+    # The resumed run writes into a copy, so the module's first run stays as it finished.
+    shutil.copytree(first_run.cwd, tmp_path, dirs_exist_ok=True)
+    first = first_run.stdout
     first_losses = losses(first)
     assert len(first_losses) == 2 and first_losses[1] < first_losses[0], first
     assert re.search(r"step 20: loss [0-9.]+, \d+ samples/s", first), first
@@ -75,13 +94,12 @@ def test_ported_script_trains_logs_throughput_and_resumes(tmp_path: Path) -> Non
     assert len(losses(resumed)) == 1 and losses(resumed)[0] < first_losses[-1], resumed
 
 
-def test_the_unported_script_gives_the_same_losses_under_lightning(tmp_path: Path) -> None:
+def test_the_unported_script_gives_the_same_losses_under_lightning(first_run: FirstRun, tmp_path: Path) -> None:
     pytest.importorskip("lightning.fabric", reason="Lightning is not installed, so the original cannot run")
     original = tmp_path / "original.py"
     original.write_text(as_lightning_code(EXAMPLE.read_text()))
     (tmp_path / "lightning").mkdir()
-    (tmp_path / "ours").mkdir()
     theirs = run(original, tmp_path / "lightning", "--max-steps", "20")
-    ours = run(EXAMPLE, tmp_path / "ours", "--max-steps", "20")
+    ours = first_run.stdout  # the same arguments, in a fresh folder of its own
     assert losses(ours) == losses(theirs) and len(losses(ours)) == 2, (ours, theirs)
     assert "(flops per batch: 1245184)" in theirs

@@ -1,12 +1,14 @@
 """Lightning's image-classifier example loop on synthetic MNIST-shaped data, under Lightning Fabric or fabric.
 
-    python lightning_classifier.py {lightning|fabric|mixed} OUTDIR [--configs 0,2w] [--shuffle] [--seed-first] [--cli]
+    python lightning_classifier.py {lightning|fabric} OUTDIR [--configs pl:2w,0,2w] [--shuffle] [--seed-first] [--cli]
 
 Each config is a number of DataLoader workers, with `w` when the workers are seeded
 (`seed_everything(1, workers=True)`); the loop runs once per config, each time after seeding again.
+A config prefixed `pl:` is seeded by Lightning's `seed_everything` whatever the Fabric: with `fabric`, that is
+our Fabric with a seed recorded only in Lightning's variables (PL_GLOBAL_SEED, PL_SEED_WORKERS) as long as our
+`seed_everything` has not run yet in the process, so such a config goes first.
 Each rank writes OUTDIR/rank<R>.json: per config every training loss (as float.hex, so equality is
-exact) and the test loss of every epoch; and the thread count. `mixed` is our Fabric with Lightning's
-`seed_everything`, which records the seed only in Lightning's variables (PL_GLOBAL_SEED, PL_SEED_WORKERS).
+exact), the test loss of every epoch and FABRIC_GLOBAL_SEED as the loop found it; and the thread count.
 The dataset adds noise from torch, `random` and numpy in __getitem__, so with DataLoader workers the
 numbers depend on how the workers were seeded.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import random
 import sys
 from pathlib import Path
@@ -65,7 +68,7 @@ class NoisyDigits(Dataset):
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("impl", choices=["lightning", "fabric", "mixed"])
+    parser.add_argument("impl", choices=["lightning", "fabric"])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--configs", default="0", help="comma-separated worker counts, `w` = seeded workers")
     parser.add_argument("--shuffle", action="store_true")
@@ -78,29 +81,36 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> None:
     args = _parse(argv)
     if args.impl == "lightning":
-        from lightning.fabric import Fabric, seed_everything
-    elif args.impl == "mixed":
-        from lightning.fabric import seed_everything
-
-        from fabric import Fabric
+        from lightning.fabric import Fabric
     else:
-        from fabric import Fabric, seed_everything
+        from fabric import Fabric
 
     configs = args.configs.split(",")
     if args.seed_first:
-        seed_everything(1, workers=configs[0].endswith("w"))
+        _seeder(args.impl, configs[0])(1, workers=configs[0].endswith("w"))
     fabric = Fabric() if args.cli else Fabric(accelerator="cpu", strategy="ddp", devices=2)
     if not args.cli:
         fabric.launch()
     result: dict[str, Any] = {"threads": torch.get_num_threads()}
     for index, config in enumerate(configs):
         if index > 0 or not args.seed_first:
-            seed_everything(1, workers=config.endswith("w"))  # where the example seeds: after Fabric(...)
-        result[config] = train(fabric, int(config.rstrip("w")), args)
+            # where the example seeds: after Fabric(...)
+            _seeder(args.impl, config)(1, workers=config.endswith("w"))
+        result[config] = train(fabric, int(config.removeprefix("pl:").rstrip("w")), args)
+        result[config]["our_seed_variable"] = os.environ.get("FABRIC_GLOBAL_SEED")  # None: only Lightning's was set
     args.outdir.mkdir(parents=True, exist_ok=True)
     (args.outdir / f"rank{fabric.global_rank}.json").write_text(json.dumps(result))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def _seeder(impl: str, config: str) -> Any:
+    """The `seed_everything` that seeds this config: Lightning's for a `pl:` config or under Lightning."""
+    if impl == "lightning" or config.startswith("pl:"):
+        from lightning.fabric import seed_everything
+    else:
+        from fabric import seed_everything
+    return seed_everything
 
 
 def _fork_server(impl: str) -> Any:
