@@ -18,11 +18,11 @@ saves are reported apart, each as a ratio to the synchronous
 fabric.save of the same round (per-round ratios: median and p25-p75 band). Targets: (a) the first async save
 blocks at most 0.25x a synchronous fabric.save; (b) later saves at most 0.10x; (c) a synchronous fabric.save within
 1.10x of torch.save + fsync. Lightning Fabric has no asynchronous CheckpointIO, so no peer is measured. --rounds
-interleaved rounds (round_order), a fresh process per mode (sync, async) and round, all writing into one temporary
-directory (--dir). The default state gives a checkpoint of about 128 MiB.
+interleaved rounds (round_order), a fresh process per mode (sync, async) and round (--smoke: both modes in one), all
+writing into one temporary directory (--dir). The default state gives a checkpoint of about 128 MiB.
 
 Run:  python benchmarks/checkpoint_async.py [--rounds 9] [--size-mb 42.7] [--steps 10] [--saves 3] [--dir /tmp]
-      python benchmarks/checkpoint_async.py --smoke     # 1 round, 16 MB, 2 saves: does it run?
+      python benchmarks/checkpoint_async.py --smoke     # 1 round, 16 MB, 2 saves, one process: does it run?
 """
 
 from __future__ import annotations
@@ -73,10 +73,13 @@ def _raw_save(model: Any, optimizer: Any, path: Path, step: int) -> None:
         os.fsync(handle.fileno())
 
 
-def worker(mode: str, folder: str, size_mb: float, steps: int, saves: int) -> None:
-    """Fresh process: build the state, take `steps` steps, save it `saves` times (a step before each later one);
-    print the timings as JSON."""
+def worker(modes: list[str], folder: str, size_mb: float, steps: int, saves: int) -> None:
+    """Fresh process: each of `modes` in turn (see `_save_times`); print the timings per mode as JSON."""
+    emit({mode: _save_times(mode, folder, size_mb, steps, saves) for mode in modes})
 
+
+def _save_times(mode: str, folder: str, size_mb: float, steps: int, saves: int) -> dict[str, Any]:
+    """Build the state, take `steps` steps, save it `saves` times (a step before each later one); the timings."""
     from fabric import AsyncCheckpointIO, Fabric
 
     model, optimizer = _state(size_mb)
@@ -102,7 +105,7 @@ def worker(mode: str, folder: str, size_mb: float, steps: int, saves: int) -> No
             _raw_save(model, optimizer, Path(folder) / "raw.pt", i)
             times["raw"].append(time.perf_counter() - start)
     n_params = sum(p.numel() for p in model.parameters())
-    emit({**times, "param_mb": n_params * 4 / 2**20, "file_mb": path.stat().st_size / 2**20})
+    return {**times, "param_mb": n_params * 4 / 2**20, "file_mb": path.stat().st_size / 2**20}
 
 
 def main() -> int:
@@ -113,12 +116,12 @@ def main() -> int:
     parser.add_argument("--saves", type=int, default=3, help="saves per process (the first async one is cold)")
     parser.add_argument("--dir", help="where the checkpoints go (default: the system temporary directory)")
     parser.add_argument("--peer-python", help=argparse.SUPPRESS)  # run_all passes it; no peer has async saves
-    parser.add_argument("--smoke", action="store_true", help="1 round, 16 MB, 2 steps, 2 saves")
-    parser.add_argument("--worker", nargs=5, metavar=("MODE", "DIR", "MB", "STEPS", "SAVES"), help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="1 round, 16 MB, 2 steps, 2 saves, one process")
+    parser.add_argument("--worker", nargs=5, metavar=("MODES", "DIR", "MB", "STEPS", "SAVES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        mode, folder, size, steps, saves = args.worker
-        worker(mode, folder, float(size), int(steps), int(saves))
+        modes, folder, size, steps, saves = args.worker
+        worker(modes.split(","), folder, float(size), int(steps), int(saves))
         return 0
     if args.smoke:
         args.rounds, args.size_mb, args.steps, args.saves = 1, 16, 2, 2
@@ -132,25 +135,33 @@ def main() -> int:
     sizes: tuple[float, float] = (0.0, 0.0)
     try:
         for r in range(args.rounds):
-            for mode in round_order(MODES, r):
-                cmd = [__file__, "--worker", mode, str(tmp), str(args.size_mb), str(args.steps), str(args.saves)]
-                data, _ = run_json(sys.executable, cmd)
-                if mode == "async":
-                    samples["async_first"].append(data["blocked"][0])
-                    samples["async_later"] += data["blocked"][1:]
-                    samples["written"] += data["written"][1:]
-                    rounds["async_first"].append(data["blocked"][0])
-                    rounds["async_later"].append(statistics.median(data["blocked"][1:]))
-                else:
-                    samples["raw"] += data["raw"]
-                    samples["sync"] += data["blocked"]
-                    rounds["raw"].append(statistics.median(data["raw"]))
-                    rounds["sync"].append(statistics.median(data["blocked"]))
-                sizes = (data["param_mb"], data["file_mb"])
+            # A fresh process per mode; --smoke runs both modes in one, to stay quick.
+            order = round_order(MODES, r)
+            for group in [order] if args.smoke else [[mode] for mode in order]:
+                cmd = [__file__, "--worker", ",".join(group), str(tmp), str(args.size_mb), str(args.steps)]
+                results, _ = run_json(sys.executable, [*cmd, str(args.saves)])
+                for mode in group:
+                    _collect(mode, results[mode], samples, rounds)
+                sizes = (results[group[-1]]["param_mb"], results[group[-1]]["file_mb"])
         _report(samples, rounds, sizes, args)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def _collect(mode: str, data: dict[str, Any], samples: dict[str, list[float]], rounds: dict[str, list[float]]) -> None:
+    """Add one process's timings of `mode` to the samples and to the per-round values (medians of the process)."""
+    if mode == "async":
+        samples["async_first"].append(data["blocked"][0])
+        samples["async_later"] += data["blocked"][1:]
+        samples["written"] += data["written"][1:]
+        rounds["async_first"].append(data["blocked"][0])
+        rounds["async_later"].append(statistics.median(data["blocked"][1:]))
+    else:
+        samples["raw"] += data["raw"]
+        samples["sync"] += data["blocked"]
+        rounds["raw"].append(statistics.median(data["raw"]))
+        rounds["sync"].append(statistics.median(data["blocked"]))
 
 
 def _report(
@@ -160,7 +171,8 @@ def _report(
     args: argparse.Namespace,
 ) -> None:
     print(f"\nstate: {sizes[0]:.0f} MB float32 parameters + AdamW state; checkpoint file {sizes[1]:.0f} MB")
-    runs = f"{args.rounds} rounds x {args.saves} saves (the first after {args.steps} steps), a fresh process each"
+    how = "one process for both modes (--smoke)" if args.smoke else "a fresh process each"
+    runs = f"{args.rounds} rounds x {args.saves} saves (the first after {args.steps} steps), {how}"
     print_table(f"Synchronous save: time, {runs} (the two alternate in one process)", [
         Row("torch.save + fsync", samples["raw"]),
         Row("fabric sync", samples["sync"], samples["raw"], "temporary file, fsync, rename"),

@@ -145,11 +145,12 @@ def main() -> int:
     if args.worker:
         worker(*args.worker)
         return 0
-    import torch
+    if args.device == "cuda":  # on the CPU this process need not import torch (seconds): the workers run everything
+        import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print(NO_GPU, file=sys.stderr)
-        return 1
+        if not torch.cuda.is_available():
+            print(NO_GPU, file=sys.stderr)
+            return 1
     size = "smoke" if args.smoke else "mid"
     if args.smoke:
         args.rounds = 1

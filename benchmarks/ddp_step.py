@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import os
 import sys
@@ -199,6 +200,23 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
+def _worker_argv(args: argparse.Namespace, model_name: str, rounds: int, order: list[str]) -> list[str]:
+    """One rank's command line: the model, its rounds, the contenders in the order it builds them, the options."""
+    options = [*(["--smoke"] if args.smoke else []), *(["--no-pin"] if args.no_pin else [])]
+    return [__file__, "--worker", model_name, "-", str(rounds), ",".join(order), *options]
+
+
+def _title(model_name: str, smoke: bool, jobs: int, rounds: int, pinned: bool) -> str:
+    """The table's title: the model, how the rounds were run, and whether every rank was pinned to a core."""
+    widths, batch, steps, blocks = (SMOKE_MODELS if smoke else MODELS)[model_name]
+    return (
+        f"DDP, {WORLD_SIZE} CPU processes (gloo), {model_name} MLP {'->'.join(map(str, widths))}, batch {batch}"
+        f"/rank; {_plural(jobs, 'job')}{' (each building the models in another order)' if jobs > 1 else ''} x "
+        f"{rounds} rounds x {blocks * steps} alternated steps, each timed on "
+        f"rank 0, 1 thread/rank, {'each rank pinned to a core' if pinned else 'ranks not pinned to cores'}"
+    )
+
+
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-pin", action="store_true", help="leave the ranks' threads to the scheduler")
     parser.add_argument(
@@ -219,26 +237,13 @@ def main() -> int:
     frameworks.insert(frameworks.index("raw") + 1, "raw2")  # the control: raw DDP against itself
     print(load_line())
     base_rounds = rounds_to_run(args)
-    for model_name, (widths, batch, steps, blocks) in (SMOKE_MODELS if args.smoke else MODELS).items():
+    for model_name in SMOKE_MODELS if args.smoke else MODELS:
         jobs = args.jobs or (1 if args.smoke else len(frameworks))
         factor = TINY_ROUNDS_FACTOR if model_name == "tiny" else 1
         # The small MLP: at least half the rounds per job (its per-round ratios spread by several percent).
         rounds = base_rounds if args.smoke else max(-(-base_rounds * factor // jobs), -(-base_rounds // 2))
-        options = [*(["--smoke"] if args.smoke else []), *(["--no-pin"] if args.no_pin else [])]
-
-        def argv(
-            order: list[str], name: str = model_name, rounds: int = rounds, options: list[str] = options
-        ) -> list[str]:
-            return [__file__, "--worker", name, "-", str(rounds), ",".join(order), *options]
-
-        samples, pinned = _run_jobs(argv, frameworks, jobs)
-        title = (
-            f"DDP, {WORLD_SIZE} CPU processes (gloo), {model_name} MLP {'->'.join(map(str, widths))}, batch {batch}"
-            f"/rank; {_plural(jobs, 'job')}{' (each building the models in another order)' if jobs > 1 else ''} x "
-            f"{rounds} rounds x {blocks * steps} alternated steps, each timed on "
-            f"rank 0, 1 thread/rank, {'each rank pinned to a core' if pinned else 'ranks not pinned to cores'}"
-        )
-        report(title, samples, TARGET, raw_label="raw DDP")
+        samples, pinned = _run_jobs(functools.partial(_worker_argv, args, model_name, rounds), frameworks, jobs)
+        report(_title(model_name, args.smoke, jobs, rounds, pinned), samples, TARGET, raw_label="raw DDP")
     return 0
 
 

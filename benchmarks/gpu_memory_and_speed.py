@@ -11,7 +11,8 @@ memory by about N; activations are not sharded.
 Speed: on the same N GPUs, in one launch, raw `DistributedDataParallel` with `torch.autocast("cuda",
 torch.bfloat16)` against fabric's `strategy="ddp", precision="bf16-mixed"`, the same model and batches,
 alternating R repeats of K steps timed with torch.cuda.synchronize() on rank 0. Reported: ms per step and the
-ratio fabric / raw.
+ratio fabric / raw. With --device cpu --smoke (a code-path check, no numbers to keep) the speed code path runs in
+the memory launch's processes, after the strategies.
 
 Needs a CUDA GPU (2 or more for sharding to mean anything); without one it says so and exits with status 1.
 Run:  python benchmarks/gpu_memory_and_speed.py [--gpus N]          # default: every visible GPU
@@ -107,12 +108,21 @@ def _step_fn(model: Any, optimizer: Any, backward: Callable, context: Callable[[
     return step
 
 
-def _write(out: str, rank: int, payload: dict) -> None:
-    Path(f"{out}.rank{rank}.json").write_text(json.dumps(payload))
+def worker(kinds: str, names: str, device: str, size: str, devices: int, out: str) -> None:
+    """One rank of a launch: each of KINDS (`memory`, `speed`, joined by '+') in turn; its results as JSON in OUT."""
+    rank = 0
+    result: dict = {}
+    for kind in kinds.split("+"):
+        if kind == "memory":
+            rank, payload = memory_worker(names, device, size, devices)
+        else:
+            rank, payload = speed_worker(device, size, devices)
+        result |= payload
+    Path(f"{out}.rank{rank}.json").write_text(json.dumps(result))
 
 
-def memory_worker(names: str, device: str, size: str, devices: int, out: str) -> None:
-    """One rank of each strategy in NAMES (joined by '+'): build under init_module, train, report the peak memory."""
+def memory_worker(names: str, device: str, size: str, devices: int) -> tuple[int, dict]:
+    """One rank of each strategy in NAMES (joined by '+'): build under init_module, train; its rank and peaks."""
     import torch
 
     from fabric import Fabric
@@ -132,11 +142,11 @@ def memory_worker(names: str, device: str, size: str, devices: int, out: str) ->
         for _ in range(sum(SIZES[size][6:8])):
             step(tokens, targets)
         peaks[name] = torch.cuda.max_memory_allocated(fabric.device) / 2**20 if cuda else None
-    _write(out, fabric.global_rank, {"peaks": peaks})
+    return fabric.global_rank, {"peaks": peaks}
 
 
-def speed_worker(device: str, size: str, devices: int, out: str) -> None:
-    """raw DDP + autocast and fabric bf16-mixed in the same processes, alternating timed repeats."""
+def speed_worker(device: str, size: str, devices: int) -> tuple[int, dict]:
+    """raw DDP + autocast and fabric bf16-mixed in the same processes, alternating timed repeats; rank, times."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -174,31 +184,42 @@ def speed_worker(device: str, size: str, devices: int, out: str) -> None:
             sync()  # CUDA runs asynchronously: count a step when the GPU has finished it
             per_step[name].append((time.perf_counter() - start) / count)
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    _write(out, fabric.global_rank, {**per_step, "device_name": gpu})
+    return fabric.global_rank, {**per_step, "device_name": gpu}
 
 
-def _launch(worker_args: list[str], devices: int) -> list[dict]:
+def _launch(kinds: str, names: list[str], device: str, size: str, devices: int) -> list[dict]:
     """Run this script as a worker (fabric's launcher starts the other ranks); every rank's JSON result."""
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "result")
-        proc = subprocess.run([sys.executable, __file__, "--worker", *worker_args, str(devices), out], check=False)
+        worker_args = [kinds, "+".join(names) or "-", device, size, str(devices), out]
+        proc = subprocess.run([sys.executable, __file__, "--worker", *worker_args], check=False)
         if proc.returncode != 0:
-            raise RuntimeError(f"worker {worker_args} exited with status {proc.returncode} (its output is above)")
+            raise RuntimeError(f"worker {worker_args[:4]} exited with status {proc.returncode} (its output is above)")
         return [json.loads(Path(f"{out}.rank{rank}.json").read_text()) for rank in range(devices)]
 
 
-def _memory_table(device: str, size: str, devices: int) -> None:
+def _measure(device: str, size: str, devices: int, smoke: bool) -> tuple[dict[str, list[float | None]], dict]:
+    """Every rank's peak per strategy, and rank 0's step times."""
     import importlib.util
 
     # Without deepspeed installed its row says so; the other strategies are still measured.
     names = [n for n in STRATEGIES if n != "deepspeed stage 3" or importlib.util.find_spec("deepspeed")]
+    if device == "cpu" and smoke:
+        # Neither the memory (n/a on the CPU) nor a smoke run's step times are numbers to keep: one launch runs
+        # every strategy's code path and then the speed one (a launch is seconds of imports per process).
+        ranks = _launch("memory+speed", names, device, size, devices)
+        return {name: [rank["peaks"][name] for rank in ranks] for name in names}, ranks[0]
     # A peak is a process's own, so on GPUs each strategy gets a fresh launch; the CPU measures nothing, and there
-    # one launch runs every strategy's code path in turn (a launch is seconds of imports).
+    # one launch runs every strategy's code path in turn.
     launches = [[name] for name in names] if device == "cuda" else [names]
     peaks: dict[str, list[float | None]] = {}
     for group in launches:
-        ranks = _launch(["memory", "+".join(group), device, size], devices)
+        ranks = _launch("memory", group, device, size, devices)
         peaks.update({name: [rank["peaks"][name] for rank in ranks] for name in group})
+    return peaks, _launch("speed", [], device, size, devices)[0]
+
+
+def _memory_table(peaks: dict[str, list[float | None]], size: str, devices: int) -> None:
     vocab, width, layers = SIZES[size][:3]
     print(f"\nPeak memory per rank, MB (torch.cuda.max_memory_allocated), 32-true, AdamW, {devices} processes:")
     print(f"{layers} MLP blocks of width {width}, vocab {vocab}; ratio to DDP on the same rank")
@@ -216,8 +237,7 @@ def _memory_table(device: str, size: str, devices: int) -> None:
         print(f"{name:<20}" + "".join(f"{c:>22}" for c in cells))
 
 
-def _speed_table(device: str, size: str, devices: int) -> None:
-    rank0 = _launch(["speed", device, size], devices)[0]
+def _speed_table(rank0: dict, size: str, devices: int) -> None:
     _, width, layers, _, seq, batch, _, repeats, count = SIZES[size]
     rows = [
         Row("raw DDP + autocast bf16", rank0["raw"]),
@@ -240,22 +260,23 @@ def main() -> int:
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        kind, *rest = args.worker
-        if kind == "memory":
-            memory_worker(rest[0], rest[1], rest[2], int(rest[3]), rest[4])
-        else:
-            speed_worker(rest[0], rest[1], int(rest[2]), rest[3])
+        kinds, names, device, size, devices, out = args.worker
+        worker(kinds, names, device, size, int(devices), out)
         return 0
-    import torch
+    visible = 2  # --device cpu: 2 processes, and this process need not import torch (seconds) to count GPUs
+    if args.device == "cuda":
+        import torch
 
-    if args.device == "cuda" and torch.cuda.device_count() == 0:
-        print(NO_GPU, file=sys.stderr)
-        return 1
-    devices = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 2)
+        visible = torch.cuda.device_count()
+        if visible == 0:
+            print(NO_GPU, file=sys.stderr)
+            return 1
+    devices = args.gpus or visible
     size = "smoke" if args.smoke else "large"
     print(machine_line({"current": probe(sys.executable)}))
-    _memory_table(args.device, size, devices)
-    _speed_table(args.device, size, devices)
+    peaks, rank0 = _measure(args.device, size, devices, args.smoke)
+    _memory_table(peaks, size, devices)
+    _speed_table(rank0, size, devices)
     return 0
 
 

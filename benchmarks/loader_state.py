@@ -13,7 +13,7 @@ Target: saving loader state adds under 1 ms to fabric.save, judged on the median
 difference of the two saves is shown too, but an fsync'ed save varies by more than 1 ms on a shared disk).
 
 Run:  python benchmarks/loader_state.py [--reps 200]
-      python benchmarks/loader_state.py --smoke     # 20 reps, one process only: does it run?
+      python benchmarks/loader_state.py --smoke     # 20 reps, one process only (both cases in it): does it run?
 """
 
 from __future__ import annotations
@@ -33,7 +33,18 @@ from _common import Row, contenders, emit, median_iqr, p10, print_table, run_jso
 TARGET_MS = 1.0
 
 
-def worker(devices: int, workers: int, folder: str, reps: int) -> None:
+def worker(devices: int, workers: list[int], folder: str, reps: int) -> None:
+    """One process (or rank): a case per count of loader workers, in turn; rank 0 prints each case's times."""
+    rank = 0
+    results: dict[str, dict[str, list[float]]] = {}  # by count of loader workers
+    for count in workers:
+        rank, results[str(count)] = _case(devices, count, folder, reps)
+    if rank == 0:
+        emit(results)
+
+
+def _case(devices: int, workers: int, folder: str, reps: int) -> tuple[int, dict[str, list[float]]]:
+    """Set up, train 10 batches, then time the captures and saves `reps` times; this rank and its times."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -75,10 +86,9 @@ def worker(devices: int, workers: int, folder: str, reps: int) -> None:
             start = time.perf_counter()
             fabric.save(target, state)
             times[name].append(time.perf_counter() - start)
-    if fabric.global_rank == 0:
-        emit(times)
     fabric.barrier()
     fabric.strategy.teardown()
+    return fabric.global_rank, times
 
 
 def main() -> int:
@@ -91,9 +101,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.worker:
         devices, workers, folder, reps = args.worker
-        worker(int(devices), int(workers), folder, int(reps))
+        worker(int(devices), [int(count) for count in workers.split(",")], folder, int(reps))
         return 0
-    cases = [(1, 0), (1, 2)] if args.smoke else [(1, 0), (1, 2), (2, 0), (2, 2)]
+    # A fresh process (or pair of ranks) per case; --smoke runs its cases in one process, to stay quick.
+    cases = [(1, [0, 2])] if args.smoke else [(1, [0]), (1, [2]), (2, [0]), (2, [2])]
     reps = 20 if args.smoke else args.reps
     contenders("fabric.save without loader", None)  # prints the machine line
     tmp = Path(tempfile.mkdtemp(prefix="fabric-loader-bench-", dir=args.dir))
@@ -101,9 +112,10 @@ def main() -> int:
     try:
         for devices, workers in cases:
             env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK")}
-            data, _ = run_json(sys.executable, [__file__, "--worker", str(devices), str(workers), str(tmp), str(reps)],
+            counts = ",".join(map(str, workers))
+            data, _ = run_json(sys.executable, [__file__, "--worker", str(devices), counts, str(tmp), str(reps)],
                                env=env)  # fmt: skip
-            verdicts.append(_report(devices, workers, data, reps))
+            verdicts += [_report(devices, count, data[str(count)], reps) for count in workers]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0 if all(verdicts) else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import re
@@ -65,35 +66,59 @@ def test_step_overhead_smoke_pairs_raw_fabric_and_lightning_in_one_process() -> 
     _assert_paired_rows(result.stdout, "raw torch")
 
 
-@pytest.mark.multiprocess
-def test_ddp_step_smoke_pairs_raw_ddp_with_fabric_in_one_process_group() -> None:
-    result = _run("ddp_step.py", "--smoke")
+@pytest.fixture(scope="module")
+def ddp_step_two_jobs() -> str:
+    """One `ddp_step.py --smoke --jobs 2` run (the ranks pinned where there are 2 cores), read by several tests: each
+    job is a 2-rank job of seconds of imports. The one-job and --no-pin descriptions are checked in-process."""
+    result = _run("ddp_step.py", "--smoke", "--jobs", "2")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "DDP, 2 CPU processes (gloo), tiny MLP 32->64->64->10, batch 32/rank; 1 job x 2 rounds x 5 alternated" in (
-        result.stdout
-    )
-    _assert_paired_rows(result.stdout, "raw DDP")
+    return result.stdout
+
+
+@pytest.mark.multiprocess
+def test_ddp_step_smoke_pairs_raw_ddp_with_fabric_in_one_process_group(ddp_step_two_jobs: str) -> None:
+    out = ddp_step_two_jobs
+    assert "DDP, 2 CPU processes (gloo), tiny MLP 32->64->64->10, batch 32/rank; 2 jobs" in out, out
+    _assert_paired_rows(out, "raw DDP", rounds=4)  # 2 rounds of each of the 2 jobs
     # The control (a second raw DDP) shows the noise floor; each rank runs on a core of its own (2 cores here).
-    _assert_ratio_row(result.stdout, "raw, 2nd copy (control)")
-    assert re.search(r"^ratio raw2 / raw: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=2\)", result.stdout, re.MULTILINE)
+    _assert_ratio_row(out, "raw, 2nd copy (control)")
+    assert re.search(r"^ratio raw2 / raw: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=4\)", out, re.MULTILINE), out
     pinned = len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else False
-    assert ("1 thread/rank, each rank pinned to a core" if pinned else "ranks not pinned to cores") in result.stdout
+    assert ("1 thread/rank, each rank pinned to a core" if pinned else "ranks not pinned to cores") in out
 
 
 @pytest.mark.multiprocess
-def test_ddp_step_pools_the_rounds_of_several_jobs_with_ranks_left_to_the_scheduler() -> None:
-    # --no-pin rides along here rather than in a run of its own: each run is seconds of process starts.
-    result = _run("ddp_step.py", "--smoke", "--jobs", "2", "--no-pin")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 thread/rank, ranks not pinned to cores" in result.stdout
-    _assert_paired_rows(result.stdout, "raw DDP", rounds=4)  # 2 rounds of each of the 2 jobs
+def test_ddp_step_pools_the_rounds_of_several_jobs(ddp_step_two_jobs: str) -> None:
+    out = ddp_step_two_jobs
     # Each job's own medians first (its control shows that job's bias), then one table over the pooled rounds.
     # Job j builds the models in the contenders' order rotated by j: each contender's model is built first once.
     for job, first in ((1, "raw"), (2, "raw2")):
         line = rf"^job {job} of 2 \(built first: {first}\): median ratio to raw DDP: raw2 [\d.]+x, fabric [\d.]+x"
-        assert re.search(line, result.stdout, re.MULTILINE)
+        assert re.search(line, out, re.MULTILINE), out
     title = "tiny MLP 32->64->64->10, batch 32/rank; 2 jobs (each building the models in another order) x 2 rounds x 5"
-    assert title in result.stdout
+    assert title in out
+
+
+def test_ddp_step_describes_one_job_and_unpinned_ranks_and_passes_no_pin_to_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What the default one job and --no-pin change besides what the shared run above shows: the title, and the option
+    # each rank gets (a rank given --no-pin does not pin its threads: `pin and _pin_threads(...)` in its worker).
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # _common and step_overhead, as the script imports them
+    ddp_step = _load("ddp_step")
+
+    def rank_args(*options: str) -> argparse.Namespace:
+        argv = ddp_step._worker_argv(ddp_step.parse(options, ddp_step._options), "tiny", 2, ["raw", "fabric"])
+        return ddp_step.parse(argv[1:], ddp_step._options)
+
+    unpinned, pinned = rank_args("--smoke", "--no-pin"), rank_args("--smoke")
+    assert unpinned.worker == ["tiny", "-", "2", "raw,fabric"] and unpinned.smoke and unpinned.no_pin
+    assert pinned.smoke and not pinned.no_pin
+    title = ddp_step._title("tiny", True, 1, 2, False)
+    assert "DDP, 2 CPU processes (gloo), tiny MLP 32->64->64->10, batch 32/rank; 1 job x 2 rounds x 5 alternated" in (
+        title
+    )
+    assert "1 thread/rank, ranks not pinned to cores" in title
 
 
 @pytest.mark.multiprocess
@@ -108,7 +133,9 @@ def test_uneven_all_gather_smoke_compares_uneven_with_equal() -> None:
 
 
 @pytest.mark.multiprocess
-def test_checkpoint_smoke_measures_save_and_load_and_run_all_draws_it(tmp_path: Path) -> None:
+def test_checkpoint_smoke_measures_save_and_load_and_run_all_draws_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     result = _run("checkpoint.py", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
@@ -117,13 +144,16 @@ def test_checkpoint_smoke_measures_save_and_load_and_run_all_draws_it(tmp_path: 
     _assert_ratio_row(out, "fabric")
     assert re.search(r"target: fabric\.save vs torch\.save < 1\.05x -> median [\d.]+x", out), out
     assert re.search(r"target: fabric\.load vs torch\.load < 1\.05x -> median [\d.]+x", out), out
-    # The same smoke output, drawn by run_all as it draws a full run's (from a --tee file here).
+    # The same smoke output, drawn by run_all as it draws a full run's (from a --tee file here). Its command line runs
+    # in this process: it starts nothing, and a process of its own would import matplotlib again (seconds).
     tee = tmp_path / "results.txt"
     tee.write_text("=== python benchmarks/checkpoint.py --smoke\n" + out)
     chart = tmp_path / "img" / "bench.png"
-    drawn = _run("run_all.py", "--chart-from", str(tee), "--chart", str(chart), timeout=120)
-    assert drawn.returncode == 0, drawn.stdout + drawn.stderr
-    assert "run_all: chart of 4 tables written to" in drawn.stdout
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # and puts back the sys.path that run_all extends to load _chart
+    monkeypatch.setattr(sys, "argv", ["run_all.py", "--chart-from", str(tee), "--chart", str(chart)])
+    capsys.readouterr()
+    assert _load("run_all").main() == 0
+    assert "run_all: chart of 4 tables written to" in capsys.readouterr().out
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
