@@ -1,6 +1,6 @@
 """A library that initialised torch.distributed itself creates and drops two Fabric objects in each process.
 
-Usage: python eg_library.py OUTDIR. Two ranks start with torch.multiprocessing spawn and call
+Usage: python eg_library.py OUTDIR. Two ranks start with torch.multiprocessing (forked) and call
 init_process_group (gloo, explicit rank and world size, no torchrun variables). Each rank writes
 OUTDIR/rank{N}.json with what each Fabric saw and whether the group survived both.
 """
@@ -56,4 +56,8 @@ if __name__ == "__main__":
     from fabric.environments.default import find_free_port
 
     assert "MASTER_ADDR" not in os.environ and "RANK" not in os.environ
-    mp.start_processes(worker, args=(Path(sys.argv[1]), find_free_port()), nprocs=2, start_method="spawn")
+    # Imported once here for both ranks, which inherit it through the fork: torch._dynamo (~2.7 CPU-s), which the
+    # ranks' optimizer and DDP wrapper import. The group and everything fabric does start in the ranks.
+    import torch._dynamo
+
+    mp.start_processes(worker, args=(Path(sys.argv[1]), find_free_port()), nprocs=2, start_method="fork")

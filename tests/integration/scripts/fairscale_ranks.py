@@ -346,6 +346,10 @@ def main() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    # Imported before the fork, so that both ranks inherit torch._dynamo (~2.7 CPU-s; their optimizers and DDP import
+    # it) from this process, which imports it for its own single-process check anyway.
+    import torch._dynamo
+
     context = mp.get_context("fork")
     procs = [context.Process(target=rank_main, args=(rank, port, outdir)) for rank in (0, 1)]
     for proc in procs:

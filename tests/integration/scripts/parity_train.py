@@ -1,14 +1,15 @@
 """The same training loop in raw PyTorch DDP and in fabric (strategy="ddp", devices=2), for parity tests.
 
-Usage: python parity_train.py OUTDIR raw|fabric
-Runs every variant in VARIANTS in one process group and writes each rank's final weights to
-OUTDIR/{mode}_{variant}_rank{N}.pt (and the weights before training to ..._init_rank{N}.pt).
+Usage: python parity_train.py OUTDIR
+One job runs both modes: first raw (2 ranks forked from this process before fabric touches anything, with their own
+process group), then fabric (this process calls fabric.launch() and becomes rank 0; the launcher starts rank 1 by
+running this script again). Each mode runs every variant in VARIANTS in one process group and writes each rank's
+final weights to OUTDIR/{mode}_{variant}_rank{N}.pt (and the weights before training to ..._init_rank{N}.pt).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from pathlib import Path
@@ -82,6 +83,10 @@ def raw_worker(rank: int, outdir: Path, port: int) -> None:
 
 
 def run_raw(outdir: Path) -> None:
+    # Imported before the fork, so that both raw ranks inherit torch._dynamo (~2.7 CPU-s; their DDP wrapper and
+    # optimizer import it) from this process, which imports it for its own fabric rank anyway.
+    import torch._dynamo  # noqa: F401
+
     from fabric.environments.default import find_free_port
 
     mp.start_processes(raw_worker, args=(outdir, find_free_port()), nprocs=WORLD_SIZE, start_method="fork")
@@ -117,5 +122,8 @@ def run_fabric(outdir: Path) -> None:
 
 if __name__ == "__main__":
     out = outdir_from_argv()
-    {"raw": run_raw, "fabric": run_fabric}[sys.argv[2]](out)
-    print(f"parity {sys.argv[2]} done in pid {os.getpid()}")
+    if "LOCAL_RANK" not in os.environ:  # the launching process; fabric's rank 1 re-runs this script with LOCAL_RANK
+        run_raw(out)
+        print(f"parity raw done in pid {os.getpid()}")
+    run_fabric(out)
+    print(f"parity fabric done in pid {os.getpid()}")
