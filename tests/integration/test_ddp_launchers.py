@@ -7,6 +7,7 @@ import contextlib
 import ipaddress
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import _it_runner as runner
@@ -29,10 +30,41 @@ def _seed_123_draws() -> list[float]:
     return torch.rand(4, generator=torch.Generator().manual_seed(123)).tolist()
 
 
-def test_ddp_reruns_the_script_for_rank_1(tmp_path: Path) -> None:
-    run = runner.run_script("launch_ddp_script.py", str(tmp_path), timeout=60)
+@pytest.fixture(scope="module")
+def addresses() -> list[str]:
+    """This machine's non-loopback addresses, on which the store tests probe each job's store."""
+    return _non_loopback_addresses()
+
+
+@pytest.fixture(scope="module")
+def ddp_job(tmp_path_factory: pytest.TempPathFactory, addresses: list[str]) -> tuple[Path, runner.ScriptRun]:
+    """One `ddp` job for its launch test and its store test (each job costs two interpreters)."""
+    outdir = tmp_path_factory.mktemp("ddp")
+    return outdir, runner.run_script("launch_ddp_script.py", str(outdir), ",".join(addresses), timeout=60)
+
+
+@pytest.fixture(scope="module")
+def launch_function_job(
+    tmp_path_factory: pytest.TempPathFactory, addresses: list[str]
+) -> Callable[[str], tuple[Path, runner.ScriptRun]]:
+    """The `basic` job of a strategy, run once: `ddp_spawn`'s serves its launch test and its store test (a spawn
+    job costs three interpreters)."""
+    jobs: dict[str, tuple[Path, runner.ScriptRun]] = {}
+
+    def job(strategy: str) -> tuple[Path, runner.ScriptRun]:
+        if strategy not in jobs:
+            outdir = tmp_path_factory.mktemp(strategy)
+            args = [str(outdir), strategy, "basic", ",".join(addresses)]
+            jobs[strategy] = outdir, runner.run_script("launch_function.py", *args, timeout=90)
+        return jobs[strategy]
+
+    return job
+
+
+def test_ddp_reruns_the_script_for_rank_1(ddp_job: tuple[Path, runner.ScriptRun], addresses: list[str]) -> None:
+    outdir, run = ddp_job
     assert run.returncode == 0, run.output
-    reports = _rank_reports(tmp_path)
+    reports = _rank_reports(outdir)
     assert [r["global_rank"] for r in reports] == [0, 1], "exactly one process per rank"
     rank0, rank1 = reports
     assert rank0["pid"] == run.pid, "the process we started is rank 0"
@@ -44,16 +76,18 @@ def test_ddp_reruns_the_script_for_rank_1(tmp_path: Path) -> None:
         assert report["device"] == "cpu"
         assert report["is_global_zero"] is (rank == 0)
         assert report["all_reduce_sum"] == [3.0, 30.0]
-        assert report["argv"] == [str(tmp_path)], "the re-run gets the same command-line arguments"
+        assert report["argv"] == [str(outdir), ",".join(addresses)], "the re-run gets the same command-line arguments"
 
 
 @pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork", "ddp_notebook"])
-def test_launch_function_returns_rank_zero_result(tmp_path: Path, strategy: str) -> None:
-    run = runner.run_script("launch_function.py", str(tmp_path), strategy, "basic", timeout=90)
+def test_launch_function_returns_rank_zero_result(
+    launch_function_job: Callable[[str], tuple[Path, runner.ScriptRun]], strategy: str
+) -> None:
+    outdir, run = launch_function_job(strategy)
     assert run.returncode == 0, run.output
-    parent = json.loads((tmp_path / "parent.json").read_text())
+    parent = json.loads((outdir / "parent.json").read_text())
     assert parent["raised"] is None, parent
-    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    ranks = [json.loads((outdir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert parent["result_type"] == "dict"
     assert parent["sum_type"] == "Tensor", "tensors in the result come back as tensors"
     assert parent["result"] == {"rank": 0, "token": "token-5d2", "sum": 3.0, "pid": ranks[0]["pid"]}
@@ -131,20 +165,24 @@ def _non_loopback_addresses() -> list[str]:
 
 
 @pytest.mark.parametrize("start", ["ddp", "spawn", "fabric_run"])
-def test_a_single_machine_job_serves_its_store_on_loopback_only(tmp_path: Path, start: str) -> None:
+def test_a_single_machine_job_serves_its_store_on_loopback_only(
+    request: pytest.FixtureRequest, tmp_path: Path, addresses: list[str], start: str
+) -> None:
     # Whoever reaches the store can set fabric's preemption and abort keys, and stop the job.
-    addresses = _non_loopback_addresses()
     if not addresses:
         pytest.skip("this machine has no non-loopback address to probe the store on")
-    script = [str(runner.SCRIPTS / "store_exposure.py"), str(tmp_path)]
-    if start == "fabric_run":
-        command = ["-m", "fabric", "run", "--accelerator", "cpu", "--devices", "2", "--main-port",
-                   str(find_free_port()), *script, "external", ",".join(addresses)]  # fmt: skip
+    if start == "ddp":  # the launch tests' jobs probed their stores too
+        outdir, run = request.getfixturevalue("ddp_job")
+    elif start == "spawn":
+        outdir, run = request.getfixturevalue("launch_function_job")("ddp_spawn")
     else:
-        command = [*script, start, ",".join(addresses)]
-    run = runner.run_python(command, timeout=90)
+        outdir = tmp_path
+        script = [str(runner.SCRIPTS / "store_exposure.py"), str(outdir), ",".join(addresses)]
+        command = ["-m", "fabric", "run", "--accelerator", "cpu", "--devices", "2", "--main-port",
+                   str(find_free_port()), *script]  # fmt: skip
+        run = runner.run_python(command, timeout=90)
     assert run.returncode == 0, run.output
-    probe = json.loads((tmp_path / "probe.json").read_text())
+    probe = json.loads((outdir / "probe.json").read_text())
     assert probe["results"]["127.0.0.1"] == 0, "the ranks' own address reaches the store"
     reached = [address for address in addresses if probe["results"][address] == 0]
     assert reached == [], f"the store on port {probe['port']} is reachable on {reached}"

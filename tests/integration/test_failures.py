@@ -37,7 +37,7 @@ def _seconds_since_failure(outdir: Path, ended_at: float) -> float:
     return ended_at - _read(outdir / "failed_at.json")["time"]
 
 
-def _run_ddp_script(outdir: Path, scenario: str) -> Any:
+def _run_ddp_script(outdir: Path, scenario: str) -> runner.ScriptRun:
     run = runner.run_script("fail_ddp_script.py", str(outdir), scenario, timeout=JOB_TIMEOUT, kill_leftovers=False)
     try:
         assert run.returncode != 0, f"the job must fail\n{run.output}"
@@ -80,9 +80,15 @@ def test_ddp_names_rank1_when_it_fails_while_rank0_waits_in_collective(tmp_path:
     assert "global rank 1" in run.stderr, run.stderr
 
 
-def test_ddp_rank0_raises_while_rank1_waits_in_collective(tmp_path: Path) -> None:
-    run = _run_ddp_script(tmp_path, "rank0_blocked")  # also checks rank 1 is gone within 5 s of the job's end
-    assert SCRIPT_MESSAGE.format(rank=0) in run.stderr
+@pytest.fixture(scope="module")
+def rank0_blocked(tmp_path_factory: pytest.TempPathFactory) -> runner.ScriptRun:
+    """One job for both tests of rank 0 failing while rank 1 waits (each job costs two interpreters)."""
+    return _run_ddp_script(tmp_path_factory.mktemp("rank0_blocked"), "rank0_blocked")
+
+
+def test_ddp_rank0_raises_while_rank1_waits_in_collective(rank0_blocked: runner.ScriptRun) -> None:
+    # _run_ddp_script also checked that rank 1 was gone within 5 s of the job's end.
+    assert SCRIPT_MESSAGE.format(rank=0) in rank0_blocked.stderr
 
 
 # -- ddp_spawn / ddp_fork: the launched function fails -------------------------------------------------
@@ -153,10 +159,10 @@ def test_fabric_run_rank_aborted_while_exiting_is_described_as_such(tmp_path: Pa
     assert "its error is above" not in run.stderr, run.output
 
 
-def test_ddp_does_not_blame_the_rank_that_rank_0s_failure_ended(tmp_path: Path) -> None:
+def test_ddp_does_not_blame_the_rank_that_rank_0s_failure_ended(rank0_blocked: runner.ScriptRun) -> None:
     # Rank 0 raises while rank 1 waits in a collective; rank 1 then ends (on rank 0's abort mark, or its broken
     # collective) after rank 0 failed, and must not be named as the rank whose error rank 0's followed from.
-    run = _run_ddp_script(tmp_path, "rank0_blocked")
+    run = rank0_blocked
     assert SCRIPT_MESSAGE.format(rank=0) in run.stderr
     assert "rank 0's error followed from it" not in run.stderr, run.output
     assert "The process with global rank 1" not in run.stderr, run.output

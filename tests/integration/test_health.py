@@ -83,17 +83,29 @@ def test_a_rank_in_its_own_pid_namespace_trains_to_the_end(tmp_path: Path, names
         assert "[fabric]" not in output, output
 
 
-def test_a_peer_that_left_with_os_exit_does_not_end_the_rank_that_works_on(tmp_path: Path) -> None:
-    ranks = _run(tmp_path, "early_exit")
+@pytest.fixture(scope="module")
+def early_exit(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[int | None, str]]]:
+    """One early_exit job for both tests below (each job costs two interpreters that import torch's compiler):
+    its folder, and each rank's exit code and output."""
+    outdir = tmp_path_factory.mktemp("early_exit")
+    return outdir, _run(outdir, "early_exit")
+
+
+def test_a_peer_that_left_with_os_exit_does_not_end_the_rank_that_works_on(
+    early_exit: tuple[Path, list[tuple[int | None, str]]],
+) -> None:
+    outdir, ranks = early_exit
     assert ranks[1][0] == 0, ranks[1][1]
     assert ranks[0][0] == 0, f"rank 0 must finish its own work:\n{ranks[0][1]}"
-    assert _finished(tmp_path, 0), ranks[0][1]
+    assert _finished(outdir, 0), ranks[0][1]
     assert "killed or crashed" not in ranks[0][1], ranks[0][1]
 
 
-def test_each_rank_runs_exactly_one_fabric_thread(tmp_path: Path) -> None:
-    ranks = _run(tmp_path, "train")
+def test_each_rank_runs_exactly_one_fabric_thread(early_exit: tuple[Path, list[tuple[int | None, str]]]) -> None:
+    # Both ranks of the early_exit job trained as in `train` before either left, and named their threads after
+    # setup, while both were up.
+    outdir, ranks = early_exit
     assert [code for code, _ in ranks] == [0, 0], ranks
     for rank in range(2):
-        names = json.loads((tmp_path / f"rank{rank}.threads.json").read_text())
+        names = json.loads((outdir / f"rank{rank}.threads.json").read_text())
         assert [name for name in names if "fabric" in name] == ["fabric-health"], names

@@ -1,7 +1,9 @@
 """`strategy="ddp"`: fabric re-runs this script for local rank 1; every rank reports who it is.
 
-Usage: python launch_ddp_script.py OUTDIR
-Each process writes OUTDIR/rank{global_rank}_pid{pid}.json (named by pid, so extra processes would show).
+Usage: python launch_ddp_script.py OUTDIR ADDRESSES
+Each process writes OUTDIR/rank{global_rank}_pid{pid}.json (named by pid, so extra processes would show). Then the
+job probes its store on ADDRESSES (comma-separated, may be empty; see store_exposure.py), so that one job serves
+both tests of `ddp`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 
 import torch
 from _it_common import outdir_from_argv, write_json
+from store_exposure import parse_addresses, probe
 
 from fabric import Fabric
 
@@ -36,7 +39,7 @@ def main() -> None:
             "ppid": os.getppid(),
         },
     )
-    fabric.barrier()
+    probe(fabric, outdir, parse_addresses(sys.argv[2]))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Whether the job's rendezvous store can be reached on this machine's other addresses, from inside a 2-rank job.
 
-Usage: python store_exposure.py OUTDIR START ADDRESSES, START one of ddp (fabric.launch() re-runs this script),
-spawn (fabric.launch(fn)) or external (`fabric run` started both processes); ADDRESSES comma-separated
-non-loopback addresses of this machine. Rank 0 writes OUTDIR/probe.json: the port and, per address (and for
-127.0.0.1), connect_ex's result (0: something accepted the connection).
+Usage: fabric run ... store_exposure.py OUTDIR ADDRESSES (`fabric run` started both processes); ADDRESSES
+comma-separated non-loopback addresses of this machine. Rank 0 writes OUTDIR/probe.json: the port and, per
+address (and for 127.0.0.1), connect_ex's result (0: something accepted the connection).
+launch_ddp_script.py (`ddp`) and launch_function.py (`ddp_spawn`) call `probe` inside their own jobs.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from _it_common import outdir_from_argv, write_json
 from fabric import Fabric
 
 
+def parse_addresses(text: str) -> list[str]:
+    """The comma-separated ADDRESSES argument; empty where the machine has none to probe."""
+    return [address for address in text.split(",") if address]
+
+
 def probe(fabric: Fabric, outdir: Path, addresses: list[str]) -> None:
+    """Rank 0 tries to connect to the job's store on 127.0.0.1 and on each of ADDRESSES; OUTDIR/probe.json."""
     fabric.barrier()  # the store is up and both ranks use it
     if fabric.global_rank == 0:
         port = fabric.strategy.cluster_environment.main_port
@@ -33,13 +39,9 @@ def probe(fabric: Fabric, outdir: Path, addresses: list[str]) -> None:
 
 def main() -> None:
     outdir = outdir_from_argv()
-    start, addresses = sys.argv[2], [a for a in sys.argv[3].split(",") if a]
-    if start == "spawn":
-        Fabric(accelerator="cpu", strategy="ddp_spawn", devices=2).launch(probe, outdir, addresses)
-        return
-    fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2) if start == "ddp" else Fabric()
+    fabric = Fabric()  # every flag comes from `fabric run`
     fabric.launch()
-    probe(fabric, outdir, addresses)
+    probe(fabric, outdir, parse_addresses(sys.argv[2]))
 
 
 if __name__ == "__main__":
