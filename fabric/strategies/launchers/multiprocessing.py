@@ -222,18 +222,21 @@ class _GlobalState:
         return cls(
             torch.get_rng_state(),
             random.getstate(),
-            torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
+            *_deterministic_flags(),
         )
 
     def restore(self) -> None:
         torch.set_rng_state(self.torch_rng)
         random.setstate(self.python_rng)
-        current = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
         # Only a change: torch.use_deterministic_algorithms imports torch._inductor's config and with it
         # torch._dynamo, seconds of CPU in every worker of a spawn launch whose parent never changed the flags.
-        if current != (self.deterministic, self.warn_only):
+        if _deterministic_flags() != (self.deterministic, self.warn_only):
             torch.use_deterministic_algorithms(self.deterministic, warn_only=self.warn_only)
+
+
+def _deterministic_flags() -> tuple[bool, bool]:
+    """torch.use_deterministic_algorithms' two settings in this process: (enabled, warn_only)."""
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
 
 
 def _to_cpu(result: Any) -> Any:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import write_json, write_pid
+from _it_common import import_before_fork, write_json, write_pid
 
 from fabric import Fabric
 
@@ -56,8 +56,5 @@ if __name__ == "__main__":
     from fabric.environments.default import find_free_port
 
     assert "MASTER_ADDR" not in os.environ and "RANK" not in os.environ
-    # Imported once here for both ranks, which inherit it through the fork: torch._dynamo (~2.7 CPU-s), which the
-    # ranks' optimizer and DDP wrapper import. The group and everything fabric does start in the ranks.
-    import torch._dynamo
-
+    import_before_fork()  # the group and everything fabric does still start in the ranks
     mp.start_processes(worker, args=(Path(sys.argv[1]), find_free_port()), nprocs=2, start_method="fork")

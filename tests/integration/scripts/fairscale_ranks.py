@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import outdir_from_argv, run_each
+from _it_common import import_before_fork, outdir_from_argv, run_each
 from torch import Tensor, nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -346,10 +346,7 @@ def main() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    # Imported before the fork, so that both ranks inherit torch._dynamo (~2.7 CPU-s; their optimizers and DDP import
-    # it) from this process, which imports it for its own single-process check anyway.
-    import torch._dynamo
-
+    import_before_fork()  # this process imports it for its own single-process check anyway
     context = mp.get_context("fork")
     procs = [context.Process(target=rank_main, args=(rank, port, outdir)) for rank in (0, 1)]
     for proc in procs:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import outdir_from_argv
+from _it_common import import_before_fork, outdir_from_argv
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -83,11 +83,9 @@ def raw_worker(rank: int, outdir: Path, port: int) -> None:
 
 
 def run_raw(outdir: Path) -> None:
-    # Imported before the fork, so that both raw ranks inherit torch._dynamo (~2.7 CPU-s; their DDP wrapper and
-    # optimizer import it) from this process, which imports it for its own fabric rank anyway.
-    import torch._dynamo  # noqa: F401
-
     from fabric.environments.default import find_free_port
+
+    import_before_fork()  # this process imports it for its own fabric rank anyway
 
     mp.start_processes(raw_worker, args=(outdir, find_free_port()), nprocs=WORLD_SIZE, start_method="fork")
 

@@ -8,18 +8,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from fabric.strategies.launchers.multiprocessing import _GlobalState
+from fabric.strategies.launchers.multiprocessing import _deterministic_flags, _GlobalState
 
 
 @pytest.fixture
 def flags_kept() -> Iterator[None]:
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    enabled, warn_only = _deterministic_flags()
     yield
-    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-
-
-def _flags() -> tuple[bool, bool]:
-    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 @pytest.mark.usefixtures("flags_kept")
@@ -30,7 +26,7 @@ def test_restore_brings_back_the_rng_states_and_deterministic_flags() -> None:
     torch.use_deterministic_algorithms(False)
     torch.rand(5), random.random()
     state.restore()
-    assert _flags() == (True, True)
+    assert _deterministic_flags() == (True, True)
     assert torch.equal(torch.rand(3), expected_torch) and random.random() == expected_python
 
 
