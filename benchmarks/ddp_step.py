@@ -20,7 +20,12 @@ Two things keep the noise of this machine (2 cores, 2 ranks, each with its gloo 
 - The rounds are split over one job per contender, each building the contenders' models in another order (the
   one built first runs about 1% slower all job long), and pooled; a line per job shows its own ratios.
 
-Run:  python benchmarks/ddp_step.py [--rounds 15] [--no-pin] [--jobs N]
+`--same-model` measures fabric's layer alone: fabric sets up one model per job, and raw DDP and its control step
+that very DDP module, optimizer and batches (fabric's forward guard set aside around their steps, outside their
+time), so separately built models' memory layouts, which move a step by 1-2%, are out of the ratio. Peers cannot
+share fabric's model and are left out.
+
+Run:  python benchmarks/ddp_step.py [--rounds 15] [--no-pin] [--jobs N] [--same-model]
       python benchmarks/ddp_step.py --profile 2000   # cProfile 2000 fabric DDP steps on rank 0
       python benchmarks/ddp_step.py --smoke          # a quick run of the code paths: no numbers to keep
 """
@@ -43,6 +48,7 @@ from step_overhead import (
     alternate,
     importable_frameworks,
     make_mlp,
+    no_op,
     parse,
     print_profile,
     report,
@@ -64,7 +70,6 @@ WORKER_TIMEOUT_S = 300
 def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabric: Any) -> Callable[[int], None]:
     """This rank's model, optimizer and data set up by `framework`; a function running step `index` of `steps`."""
     import torch
-    from torch.nn.functional import cross_entropy
 
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)  # the same weights for every contender; DDP broadcasts rank 0's anyway
@@ -73,7 +78,7 @@ def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabr
     gen = torch.Generator().manual_seed(rank)
     xs = torch.randn(steps, batch, widths[0], generator=gen)
     batches = list(zip(xs, torch.randint(0, widths[-1], (steps, batch), generator=gen), strict=True))
-    backward: Callable[[Any], None] = lambda loss: loss.backward()  # noqa: E731
+    backward: Callable[[Any], None] = _plain_backward
     if framework in ("raw", "raw2"):
         from torch.nn.parallel import DistributedDataParallel
 
@@ -83,15 +88,51 @@ def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabr
         model, optimizer = fab.setup(model, optimizer)
         backward = fab.backward
     torch.set_num_threads(1)  # a framework may have changed it during setup
+    return _step(model, optimizer, backward, batches)
+
+
+def _plain_backward(loss: Any) -> None:
+    loss.backward()
+
+
+def _step(model: Any, optimizer: Any, backward: Callable[[Any], None], batches: list[Any]) -> Callable[[int], None]:
+    """A training step on batch `index` (modulo their number): forward, loss, zero_grad, backward, step."""
+    from torch.nn.functional import cross_entropy
 
     def step(index: int) -> None:
-        x, y = batches[index % steps]
+        x, y = batches[index % len(batches)]
         loss = cross_entropy(model(x), y)
         optimizer.zero_grad()
         backward(loss)
         optimizer.step()
 
     return step
+
+
+def _same_model_steps(
+    widths: tuple[int, ...], batch: int, steps: int, fabric: Any
+) -> tuple[dict[str, Callable[[int], None]], dict[str, tuple[Callable[[], None], Callable[[], None]]]]:
+    """`--same-model`: fabric sets up one model; raw DDP and its control step the very DDP module, optimizer and
+    batches under fabric's wrappers, so nothing but fabric's layer differs (no memory layout of separately built
+    models, which moves a step by 1-2%). Fabric's forward guard (a pre-hook on the user's module, see
+    `fabric._forward_methods`) is set aside around each raw step, outside its time: raw DDP runs hook-free, as it
+    does without fabric. Returns the steps and, per raw contender, what runs before and after each of its steps."""
+    import torch
+
+    torch.manual_seed(0)
+    module = make_mlp(widths)
+    model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=1e-3))
+    gen = torch.Generator().manual_seed(fabric.global_rank)
+    xs = torch.randn(steps, batch, widths[0], generator=gen)
+    batches = list(zip(xs, torch.randint(0, widths[-1], (steps, batch), generator=gen), strict=True))
+    torch.set_num_threads(1)
+    inner_model, inner_optimizer = model._forward_module, optimizer.optimizer
+    raw = _step(inner_model, inner_optimizer, _plain_backward, batches)
+    fns = {"raw": raw, "raw2": _step(inner_model, inner_optimizer, _plain_backward, batches)}
+    fns["fabric"] = _step(model, optimizer, fabric.backward, batches)
+    guard = model._forward_guard  # None on one process: nothing to set aside
+    set_aside = {} if guard is None else {"raw": (guard.lift, guard.drop), "raw2": (guard.lift, guard.drop)}
+    return fns, set_aside
 
 
 def _peer_fabric(framework: str) -> Any:
@@ -113,7 +154,9 @@ def _pin_threads(rank: int) -> bool:
     return True
 
 
-def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_steps: int, pin: bool) -> NoReturn:
+def worker(
+    model_name: str, rounds: int, frameworks: str, smoke: bool, profile_steps: int, pin: bool, same_model: bool
+) -> NoReturn:
     """One rank: build every contender, warm up, interleave the rounds; rank 0 prints the samples as JSON. Ends the
     process (see the end)."""
     import faulthandler
@@ -131,18 +174,26 @@ def worker(model_name: str, rounds: int, frameworks: str, smoke: bool, profile_s
     pinned = pin and _pin_threads(fabric.global_rank)  # after launch: gloo's threads exist now
     widths, batch, steps, blocks = (SMOKE_MODELS if smoke else MODELS)[model_name]
     names = ["fabric"] if profile_steps else frameworks.split(",")
-    step_fns = {fw: _build(fw, widths, batch, profile_steps or steps, fabric) for fw in names}
+    around: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {}
+    if same_model:
+        step_fns, around = _same_model_steps(widths, batch, steps, fabric)
+    else:
+        step_fns = {fw: _build(fw, widths, batch, profile_steps or steps, fabric) for fw in names}
     runs = {fw: all_steps(step, profile_steps or steps) for fw, step in step_fns.items()}
-    for run in runs.values():  # warm up: allocator, DDP's bucket rebuild after the first step, lazy imports
+    for name, run in runs.items():  # warm up: allocator, DDP's bucket rebuild after the first step, lazy imports
+        before, after = around.get(name, (no_op, no_op))
         for _ in range(1 if smoke else max(2, 100 // steps)):
+            before()
             run()
+            after()
     if profile_steps:
         _profile(runs["fabric"], profile_steps)
     else:
         dist.barrier()
-        samples = alternate(step_fns, steps * blocks, rounds)
+        samples = alternate(step_fns, steps * blocks, rounds, around)
         if dist.get_rank() == 0:
             job = {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "pinned": pinned}
+            job["guard_warned"] = "unwrapped-forward" in fabric._warn_once._given  # see _same_model_steps
             emit({"samples": samples, **job})
     dist.barrier()
     dist.destroy_process_group()
@@ -174,22 +225,28 @@ def _profile(run: Callable[[], None], steps: int) -> None:
 
 
 def _run_jobs(
-    argv: Callable[[list[str]], list[str]], names: list[str], jobs: int
+    argv: Callable[[list[str]], list[str]], names: list[str], jobs: int, same_model: bool = False
 ) -> tuple[dict[str, list[float]], bool]:
-    """Run the 2-rank job `jobs` times, job j building the contenders in `names` rotated by j; their rounds pooled
-    per contender (in `names` order), and whether every job pinned its ranks. With several jobs, a line per job
-    gives its median ratios to raw DDP."""
+    """Run the 2-rank job `jobs` times, job j building the contenders in `names` rotated by j (one model for all
+    with `same_model`); their rounds pooled per contender (in `names` order), and whether every job pinned its
+    ranks. With several jobs, a line per job gives its median ratios to raw DDP."""
     pinned = True
 
     def run_job(job: int, order: list[str]) -> dict[str, list[float]]:
         nonlocal pinned
         data = run_two_ranks(argv(order), {}, timeout=WORKER_TIMEOUT_S + 60)
         assert data["world_size"] == WORLD_SIZE, data
+        if data.get("guard_warned"):
+            raise RuntimeError(
+                "--same-model: a raw DDP step reached fabric's forward guard (it warned), so raw DDP ran with a "
+                "hook on its module, slower than without fabric: the ratios of this run are void."
+            )
         pinned &= bool(data.get("pinned"))
         if jobs > 1:
             base = data["samples"]["raw"]
             ratios = ", ".join(f"{name} {ratio_band(data['samples'][name], base)[0]:.3f}x" for name in names[1:])
-            print(f"job {job + 1} of {jobs} (built first: {order[0]}): median ratio to raw DDP: {ratios}")
+            built = "" if same_model else f" (built first: {order[0]})"
+            print(f"job {job + 1} of {jobs}{built}: median ratio to raw DDP: {ratios}")
         return data["samples"]
 
     pooled = pooled_jobs(names, jobs, run_job)
@@ -202,16 +259,24 @@ def _plural(count: int, word: str) -> str:
 
 def _worker_argv(args: argparse.Namespace, model_name: str, rounds: int, order: list[str]) -> list[str]:
     """One rank's command line: the model, its rounds, the contenders in the order it builds them, the options."""
-    options = [*(["--smoke"] if args.smoke else []), *(["--no-pin"] if args.no_pin else [])]
+    options = [
+        *(["--smoke"] if args.smoke else []),
+        *(["--no-pin"] if args.no_pin else []),
+        *(["--same-model"] if args.same_model else []),
+    ]
     return [__file__, "--worker", model_name, "-", str(rounds), ",".join(order), *options]
 
 
-def _title(model_name: str, smoke: bool, jobs: int, rounds: int, pinned: bool) -> str:
+def _title(model_name: str, smoke: bool, jobs: int, rounds: int, pinned: bool, same_model: bool = False) -> str:
     """The table's title: the model, how the rounds were run, and whether every rank was pinned to a core."""
     widths, batch, steps, blocks = (SMOKE_MODELS if smoke else MODELS)[model_name]
+    if same_model:
+        how = " (one model per job: raw DDP steps the DDP module, optimizer and batches fabric set up)"
+    else:
+        how = " (each building the models in another order)" if jobs > 1 else ""
     return (
         f"DDP, {WORLD_SIZE} CPU processes (gloo), {model_name} MLP {'->'.join(map(str, widths))}, batch {batch}"
-        f"/rank; {_plural(jobs, 'job')}{' (each building the models in another order)' if jobs > 1 else ''} x "
+        f"/rank; {_plural(jobs, 'job')}{how} x "
         f"{rounds} rounds x {blocks * steps} alternated steps, each timed on "
         f"rank 0, 1 thread/rank, {'each rank pinned to a core' if pinned else 'ranks not pinned to cores'}"
     )
@@ -222,19 +287,28 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jobs", type=int, default=None, help="jobs the rounds are split over (default: one per contender)"
     )
+    parser.add_argument(
+        "--same-model",
+        action="store_true",
+        help="raw DDP steps the DDP module, optimizer and batches fabric set up (no peers): fabric's layer alone",
+    )
 
 
 def main() -> int:
     args = parse(more=_options)
     if args.worker:
         model_name, _, rounds, frameworks = args.worker
-        worker(model_name, int(rounds), frameworks, args.smoke, args.profile or 0, not args.no_pin)
+        worker(model_name, int(rounds), frameworks, args.smoke, args.profile or 0, not args.no_pin, args.same_model)
     if args.profile:
         profiled = [__file__, "--worker", "tiny", "-", "1", "fabric", "--profile", str(args.profile)]
         print(run_two_ranks(profiled, {"MKL_NUM_THREADS": "1"}, timeout=WORKER_TIMEOUT_S + 60).get("profile", ""))
         return 0
     frameworks = importable_frameworks(args.peer_python)
     frameworks.insert(frameworks.index("raw") + 1, "raw2")  # the control: raw DDP against itself
+    if args.same_model:
+        for peer in frameworks[3:]:
+            print(f"skipped: {peer}: --same-model steps one model that fabric set up; a peer cannot share it")
+        frameworks = ["raw", "raw2", "fabric"]
     print(load_line())
     base_rounds = rounds_to_run(args)
     for model_name in SMOKE_MODELS if args.smoke else MODELS:
@@ -242,8 +316,11 @@ def main() -> int:
         factor = TINY_ROUNDS_FACTOR if model_name == "tiny" else 1
         # The small MLP: at least half the rounds per job (its per-round ratios spread by several percent).
         rounds = base_rounds if args.smoke else max(-(-base_rounds * factor // jobs), -(-base_rounds // 2))
-        samples, pinned = _run_jobs(functools.partial(_worker_argv, args, model_name, rounds), frameworks, jobs)
-        report(_title(model_name, args.smoke, jobs, rounds, pinned), samples, TARGET, raw_label="raw DDP")
+        argv = functools.partial(_worker_argv, args, model_name, rounds)
+        samples, pinned = _run_jobs(argv, frameworks, jobs, args.same_model)
+        report(
+            _title(model_name, args.smoke, jobs, rounds, pinned, args.same_model), samples, TARGET, raw_label="raw DDP"
+        )
     return 0
 
 

@@ -123,22 +123,36 @@ def all_steps(step: Callable[[int], None], steps: int) -> Callable[[], None]:
     return run
 
 
-def alternate(steps: dict[str, Callable[[int], None]], per_round: int, rounds: int) -> dict[str, list[float]]:
+def no_op() -> None:
+    pass
+
+
+def alternate(
+    steps: dict[str, Callable[[int], None]],
+    per_round: int,
+    rounds: int,
+    around: dict[str, tuple[Callable[[], None], Callable[[], None]]] | None = None,
+) -> dict[str, list[float]]:
     """Per contender, one per-step time (s) per round: the median of `per_round` single steps, each timed alone.
 
     The contenders take turns step by step (in a fresh random order every step, `step_orders`), so every raw step
     has fabric's and Lightning's beside it under the same machine state; timing blocks of steps instead let the
     scheduler's phases fall on one contender's block (per-round ratios then spread from 0.99x to 1.22x).
+    `around[name]`: two functions run right before and after each of that contender's steps, outside its time.
     """
     clock = time.perf_counter
     samples: dict[str, list[float]] = {name: [] for name in steps}
+    nothing = (no_op, no_op)
     for round_index in range(rounds):
         times: dict[str, list[float]] = {name: [] for name in steps}
         for index, order in enumerate(step_orders(list(steps), per_round, seed=round_index)):
             for name in order:
+                before, after = around.get(name, nothing) if around else nothing
+                before()
                 start = clock()
                 steps[name](index)
                 times[name].append(clock() - start)
+                after()
         for name, values in times.items():
             samples[name].append(statistics.median(values))
     return samples

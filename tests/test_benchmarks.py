@@ -44,11 +44,13 @@ def test_launch_startup_smoke_times_both_launchers() -> None:
     _assert_ratio_row(out, "fabric ddp_fork")
 
 
-def _assert_paired_rows(out: str, raw: str, rounds: int = 2) -> None:
-    """raw, fabric and (where importable) Lightning Fabric from one run, each with its per-round ratio band."""
+def _assert_paired_rows(out: str, raw: str, rounds: int = 2, with_peers: bool = True) -> None:
+    """raw, fabric and (where importable and `with_peers`) Lightning Fabric from one run, each with its per-round
+    ratio band."""
     assert out.startswith("machine: ") and re.search(r"^load avg [\d.]+ at start$", out, re.MULTILINE), out
     assert re.search(rf"^{raw}\s+[\d.]+", out, re.MULTILINE), out
-    peers = ["fabric"] + (["lightning_fabric"] if importlib.util.find_spec("lightning_fabric") else [])
+    lightning = with_peers and importlib.util.find_spec("lightning_fabric") is not None
+    peers = ["fabric"] + (["lightning_fabric"] if lightning else [])
     for label in peers:
         _assert_ratio_row(out, label)
         band = rf"^ratio {label} / raw: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n={rounds}\)"
@@ -97,6 +99,24 @@ def test_ddp_step_pools_the_rounds_of_several_jobs(ddp_step_two_jobs: str) -> No
         assert re.search(line, out, re.MULTILINE), out
     title = "tiny MLP 32->64->64->10, batch 32/rank; 2 jobs (each building the models in another order) x 2 rounds x 5"
     assert title in out
+
+
+@pytest.mark.multiprocess
+def test_ddp_step_same_model_steps_fabrics_own_ddp_module_raw_and_through_fabric() -> None:
+    # --same-model: raw DDP and its control step the DDP module, optimizer and batches fabric set up, with fabric's
+    # forward guard set aside outside their time: so no raw step may reach the guard's warning (it would mean the raw
+    # steps ran with a hook on the module, slower than raw DDP runs without fabric).
+    result = _run("ddp_step.py", "--smoke", "--same-model")
+    assert result.returncode in (0, 1), result.stdout + result.stderr  # 1: a target missed on a loaded machine
+    out = result.stdout
+    assert "1 job (one model per job: raw DDP steps the DDP module, optimizer and batches fabric set up)" in out, out
+    _assert_paired_rows(out, "raw DDP", rounds=2, with_peers=False)
+    _assert_ratio_row(out, "raw, 2nd copy (control)")
+    assert "fabric.setup()" not in result.stderr, result.stderr  # the guard's warning names fabric.setup()
+    for peer in ("lightning_fabric", "accelerate"):
+        assert not re.search(rf"^{peer} ", out, re.MULTILINE), out  # a peer cannot step fabric's model
+    if importlib.util.find_spec("lightning_fabric") is not None:
+        assert "skipped: lightning_fabric: --same-model steps one model that fabric set up" in out, out
 
 
 def test_ddp_step_describes_one_job_and_unpinned_ranks_and_passes_no_pin_to_them(
