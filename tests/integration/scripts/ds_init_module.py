@@ -10,7 +10,6 @@ either trains or fails with fabric's message. Results: OUTDIR/rank{N}.pt, {run n
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import import_before_fork, outdir_from_argv
+from _it_common import free_port, import_before_fork, outdir_from_argv
 from torch import nn
 
 from fabric import Fabric
@@ -136,9 +135,7 @@ def rank_main(rank: int, port: int, outdir: Path) -> None:
 
 def main() -> None:
     outdir = outdir_from_argv()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     import_before_fork("deepspeed")  # ~0.9 CPU-s more per rank otherwise
     context = mp.get_context("fork")
     procs = [context.Process(target=rank_main, args=(rank, port, outdir)) for rank in (0, 1)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import traceback
 import warnings
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import outdir_from_argv, run_each
+from _it_common import free_port, outdir_from_argv, run_each
 from torch import nn
 
 from fabric import Fabric
@@ -257,9 +256,7 @@ def single_process(outdir: Path) -> dict[str, Any]:
 
 def main() -> None:
     outdir = outdir_from_argv()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     context = mp.get_context("fork")
     procs = [context.Process(target=rank_main, args=(rank, port, outdir)) for rank in (0, 1)]
     for proc in procs:

@@ -9,7 +9,6 @@ dicts from check name to observations, or {"error": traceback}.
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 import warnings
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _it_common import import_before_fork, outdir_from_argv, run_each
+from _it_common import free_port, import_before_fork, outdir_from_argv, run_each
 from torch import Tensor, nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -343,9 +342,7 @@ def single_process(outdir: Path) -> dict[str, Any]:
 
 def main() -> None:
     outdir = outdir_from_argv()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     import_before_fork()  # this process imports it for its own single-process check anyway
     context = mp.get_context("fork")
     procs = [context.Process(target=rank_main, args=(rank, port, outdir)) for rank in (0, 1)]
