@@ -71,13 +71,10 @@ def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabr
     """This rank's model, optimizer and data set up by `framework`; a function running step `index` of `steps`."""
     import torch
 
-    rank = int(os.environ["RANK"])
     torch.manual_seed(0)  # the same weights for every contender; DDP broadcasts rank 0's anyway
     model: Any = make_mlp(widths)
     optimizer: Any = torch.optim.SGD(model.parameters(), lr=1e-3)
-    gen = torch.Generator().manual_seed(rank)
-    xs = torch.randn(steps, batch, widths[0], generator=gen)
-    batches = list(zip(xs, torch.randint(0, widths[-1], (steps, batch), generator=gen), strict=True))
+    batches = _batches(widths, batch, steps, int(os.environ["RANK"]))
     backward: Callable[[Any], None] = _plain_backward
     if framework in ("raw", "raw2"):
         from torch.nn.parallel import DistributedDataParallel
@@ -89,6 +86,15 @@ def _build(framework: str, widths: tuple[int, ...], batch: int, steps: int, fabr
         backward = fab.backward
     torch.set_num_threads(1)  # a framework may have changed it during setup
     return _step(model, optimizer, backward, batches)
+
+
+def _batches(widths: tuple[int, ...], batch: int, steps: int, rank: int) -> list[Any]:
+    """`steps` (input, target) batches of this rank, the same for every contender."""
+    import torch
+
+    gen = torch.Generator().manual_seed(rank)
+    xs = torch.randn(steps, batch, widths[0], generator=gen)
+    return list(zip(xs, torch.randint(0, widths[-1], (steps, batch), generator=gen), strict=True))
 
 
 def _plain_backward(loss: Any) -> None:
@@ -122,13 +128,10 @@ def _same_model_steps(
     torch.manual_seed(0)
     module = make_mlp(widths)
     model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=1e-3))
-    gen = torch.Generator().manual_seed(fabric.global_rank)
-    xs = torch.randn(steps, batch, widths[0], generator=gen)
-    batches = list(zip(xs, torch.randint(0, widths[-1], (steps, batch), generator=gen), strict=True))
+    batches = _batches(widths, batch, steps, fabric.global_rank)
     torch.set_num_threads(1)
     inner_model, inner_optimizer = model._forward_module, optimizer.optimizer
-    raw = _step(inner_model, inner_optimizer, _plain_backward, batches)
-    fns = {"raw": raw, "raw2": _step(inner_model, inner_optimizer, _plain_backward, batches)}
+    fns = {name: _step(inner_model, inner_optimizer, _plain_backward, batches) for name in ("raw", "raw2")}
     fns["fabric"] = _step(model, optimizer, fabric.backward, batches)
     guard = model._forward_guard  # None on one process: nothing to set aside
     set_aside = {} if guard is None else {"raw": (guard.lift, guard.drop), "raw2": (guard.lift, guard.drop)}

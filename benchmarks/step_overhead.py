@@ -142,12 +142,12 @@ def alternate(
     """
     clock = time.perf_counter
     samples: dict[str, list[float]] = {name: [] for name in steps}
-    nothing = (no_op, no_op)
+    arounds = {name: (around or {}).get(name, (no_op, no_op)) for name in steps}
     for round_index in range(rounds):
         times: dict[str, list[float]] = {name: [] for name in steps}
         for index, order in enumerate(step_orders(list(steps), per_round, seed=round_index)):
             for name in order:
-                before, after = around.get(name, nothing) if around else nothing
+                before, after = arounds[name]
                 before()
                 start = clock()
                 steps[name](index)
