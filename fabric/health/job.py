@@ -117,6 +117,11 @@ class JobHealth:
     def tick(self) -> None:
         """One tick's requests, through the thread's connection."""
         conn = self._conn
+        preemptions = list(self._preemptions)
+        # The signals caught before the news is read: a launcher that ends the job after a failure signals after
+        # the failed rank left its abort mark, so this read sees the mark of any failure behind them. A signal
+        # caught after the read waits for the next tick (its handler wakes this thread for it at once).
+        caught = [preemption.caught() for preemption in preemptions]
         news = int(conn.add(NEWS_KEY, 0))
         if news >= ABORT_STEP and not self.abort_seen:
             self.abort_seen = True
@@ -124,8 +129,8 @@ class JobHealth:
                 _end_for(conn.get(ABORT_KEY).decode(), self.rank)
         self.request_seen = self.request_seen or news % ABORT_STEP > 0
         wrote = False
-        for preemption in list(self._preemptions):
-            wrote = preemption.on_tick(self, conn) or wrote
+        for preemption, signalled in zip(preemptions, caught, strict=True):
+            wrote = preemption.on_tick(self, conn, signalled) or wrote
         if self._recorder is not None and not wrote:  # the heartbeat waits a tick rather than a third request
             self._recorder.publish(conn)
 

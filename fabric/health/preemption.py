@@ -134,13 +134,18 @@ class Preemption:
             health.wake()
 
     # -- the health thread ----------------------------------------------------------------------------
-    def on_tick(self, health: JobHealth, conn: Any) -> bool:
+    def caught(self) -> bool:
+        """Whether a preemption signal reached this rank (the health thread asks before it reads the news)."""
+        return self._signalled.is_set()
+
+    def on_tick(self, health: JobHealth, conn: Any, caught: bool) -> bool:
         """Announce this rank's signal, or learn of another rank's, through the thread's connection `conn`.
 
-        True if it wrote to the store (at most two requests, once).
+        `caught`: the signal had arrived before this tick read the news, so `health.abort_seen` already tells
+        whether it came with a failure. True if it wrote to the store (at most two requests, once).
         """
         wrote = False
-        if self._signalled.is_set() and not self._announced:
+        if caught and not self._announced:
             self._announced = True
             if health.abort_seen:
                 # The signal came with the job's failure: let the main thread's handler die of it.

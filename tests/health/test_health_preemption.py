@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 
 from fabric import Fabric
-from fabric.health.job import JobHealth
+from fabric.health.job import ABORT_STEP, NEWS_KEY, JobHealth
 from fabric.health.preemption import Preemption
 from fabric.utilities import _signals
 
@@ -127,7 +127,7 @@ _CATCH_SCRIPT = """
 import os, signal, sys, time
 from datetime import timedelta
 import torch.distributed as dist
-from fabric.health.job import JobHealth
+from fabric.health.job import ABORT_STEP, NEWS_KEY, JobHealth
 from fabric.health.preemption import Preemption
 
 store = dist.HashStore()
@@ -154,6 +154,52 @@ def test_sigterm_is_a_preemption_only_while_no_rank_has_failed(job: str, returnc
     run = subprocess.run([sys.executable, "-c", _CATCH_SCRIPT, job], capture_output=True, text=True, timeout=120)
     assert run.returncode == returncode, run.stderr
     assert run.stdout.strip() == output
+
+
+class _LateFailureStore(dict):
+    """A store (a dict) in which a rank fails, and the launcher signals this one, just after a news read.
+
+    The launcher's order: the failed rank leaves its abort mark, then the others get SIGTERM. Both land between
+    the health thread's read of the news and its handling of this rank's signal, the race the thread must win.
+    """
+
+    def __init__(self, preemption: Preemption) -> None:
+        super().__init__()
+        self.preemption = preemption
+        self.failed = False
+
+    def clone(self) -> _LateFailureStore:
+        return self
+
+    def set(self, key: str, value: str) -> None:
+        self[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self[key]
+
+    def add(self, key: str, amount: int) -> int:
+        value = int(self.get(key) if key in self else 0) + amount
+        self[key] = str(value).encode()
+        if key == NEWS_KEY and amount == 0 and not self.failed:
+            self.failed = True
+            JobHealth(self, 1, 2, timedelta(seconds=5)).report_failure()
+            self.preemption._catch(signal.SIGTERM)  # what the signal handler runs
+        return value
+
+
+def test_a_signal_caught_just_after_the_news_was_read_is_judged_by_the_next_read(monkeypatch: Any) -> None:
+    preemption = Preemption()
+    store = _LateFailureStore(preemption)
+    health = JobHealth(store, 0, 2, timedelta(seconds=5))
+    preemption.attach(health)
+    killed: list[int] = []
+    monkeypatch.setattr(signal, "pthread_kill", lambda thread, signum: killed.append(signum))
+    health.tick()  # read the news (nothing yet); then the failure and the signal
+    assert int(store[NEWS_KEY]) == ABORT_STEP, "the signal was not announced as a preemption"
+    assert killed == [] and not health.request_seen
+    health.tick()  # the next tick sees the failure: the signal came with it
+    assert health.abort_seen and killed == [signal.SIGTERM], "the rank dies of the launcher's signal"
+    assert int(store[NEWS_KEY]) == ABORT_STEP and preemption.check() is False
 
 
 def test_two_fabrics_in_one_process_both_see_the_signal() -> None:
