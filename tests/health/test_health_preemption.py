@@ -127,7 +127,7 @@ _CATCH_SCRIPT = """
 import os, signal, sys, time
 from datetime import timedelta
 import torch.distributed as dist
-from fabric.health.job import ABORT_STEP, NEWS_KEY, JobHealth
+from fabric.health.job import JobHealth
 from fabric.health.preemption import Preemption
 
 store = dist.HashStore()
