@@ -20,6 +20,10 @@ Two things keep the noise of this machine (2 cores, 2 ranks, each with its gloo 
 - The rounds are split over one job per contender, each building the contenders' models in another order (the
   one built first runs about 1% slower all job long), and pooled; a line per job shows its own ratios.
 
+Under each table, the CPU time of rank 0's main thread per step (read around each timed step) gives what every
+contender adds in work, without the waits on the other rank that make up most of the wall clock's noise: fabric's
+layer is Python run on that thread, so it shows there in full.
+
 `--same-model` measures fabric's layer alone: fabric sets up one model per job, and raw DDP and its control step
 that very DDP module, optimizer and batches (fabric's forward guard set aside around their steps, outside their
 time), so separately built models' memory layouts, which move a step by 1-2%, are out of the ratio. Peers cannot
@@ -37,6 +41,7 @@ import contextlib
 import functools
 import io
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -193,11 +198,12 @@ def worker(
         _profile(runs["fabric"], profile_steps)
     else:
         dist.barrier()
-        samples = alternate(step_fns, steps * blocks, rounds, around)
+        cpu: dict[str, list[float]] = {}
+        samples = alternate(step_fns, steps * blocks, rounds, around, cpu)
         if dist.get_rank() == 0:
             job = {"world_size": dist.get_world_size(), "backend": dist.get_backend(), "pinned": pinned}
             job["guard_warned"] = "unwrapped-forward" in fabric._warn_once._given  # see _same_model_steps
-            emit({"samples": samples, **job})
+            emit({"samples": samples, "cpu": cpu, **job})
     dist.barrier()
     dist.destroy_process_group()
     # Leave without freeing the models: freeing the last DDP model after the group is gone frees gloo's process
@@ -229,11 +235,13 @@ def _profile(run: Callable[[], None], steps: int) -> None:
 
 def _run_jobs(
     argv: Callable[[list[str]], list[str]], names: list[str], jobs: int, same_model: bool = False
-) -> tuple[dict[str, list[float]], bool]:
+) -> tuple[dict[str, list[float]], dict[str, list[float]], bool]:
     """Run the 2-rank job `jobs` times, job j building the contenders in `names` rotated by j (one model for all
-    with `same_model`); their rounds pooled per contender (in `names` order), and whether every job pinned its
-    ranks. With several jobs, a line per job gives its median ratios to raw DDP."""
+    with `same_model`); their rounds pooled per contender (in `names` order): the wall-clock samples, the CPU-time
+    samples of rank 0's main thread, and whether every job pinned its ranks. With several jobs, a line per job
+    gives its median ratios to raw DDP."""
     pinned = True
+    cpu: dict[str, list[float]] = {name: [] for name in names}
 
     def run_job(job: int, order: list[str]) -> dict[str, list[float]]:
         nonlocal pinned
@@ -245,6 +253,8 @@ def _run_jobs(
                 "hook on its module, slower than without fabric: the ratios of this run are void."
             )
         pinned &= bool(data.get("pinned"))
+        for name in names:
+            cpu[name].extend(data["cpu"][name])
         if jobs > 1:
             base = data["samples"]["raw"]
             ratios = ", ".join(f"{name} {ratio_band(data['samples'][name], base)[0]:.3f}x" for name in names[1:])
@@ -253,7 +263,18 @@ def _run_jobs(
         return data["samples"]
 
     pooled = pooled_jobs(names, jobs, run_job)
-    return pooled, pinned
+    return pooled, cpu, pinned
+
+
+def _report_cpu(cpu: dict[str, list[float]]) -> None:
+    """Each contender's CPU time per step next to raw DDP's: the work it adds, without the waits on the other
+    rank that make up most of the wall-clock noise (fabric's layer is Python frames: CPU, never a wait)."""
+    base = cpu["raw"]
+    print(f"CPU time of rank 0's main thread per step, raw DDP: {statistics.median(base) * 1e6:.1f} us")
+    for name in list(cpu)[1:]:
+        ratio, low, high = ratio_band(cpu[name], base)
+        diff = statistics.median([a - b for a, b in zip(cpu[name], base, strict=True)]) * 1e6
+        print(f"  {name} / raw: {ratio:.3f}x (p25-p75 {low:.3f}-{high:.3f}x), {diff:+.1f} us/step (median)")
 
 
 def _plural(count: int, word: str) -> str:
@@ -320,10 +341,11 @@ def main() -> int:
         # The small MLP: at least half the rounds per job (its per-round ratios spread by several percent).
         rounds = base_rounds if args.smoke else max(-(-base_rounds * factor // jobs), -(-base_rounds // 2))
         argv = functools.partial(_worker_argv, args, model_name, rounds)
-        samples, pinned = _run_jobs(argv, frameworks, jobs, args.same_model)
+        samples, cpu, pinned = _run_jobs(argv, frameworks, jobs, args.same_model)
         report(
             _title(model_name, args.smoke, jobs, rounds, pinned, args.same_model), samples, TARGET, raw_label="raw DDP"
         )
+        _report_cpu(cpu)
     return 0
 
 

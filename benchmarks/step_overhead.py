@@ -132,6 +132,7 @@ def alternate(
     per_round: int,
     rounds: int,
     around: dict[str, tuple[Callable[[], None], Callable[[], None]]] | None = None,
+    cpu: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
     """Per contender, one per-step time (s) per round: the median of `per_round` single steps, each timed alone.
 
@@ -139,22 +140,29 @@ def alternate(
     has fabric's and Lightning's beside it under the same machine state; timing blocks of steps instead let the
     scheduler's phases fall on one contender's block (per-round ratios then spread from 0.99x to 1.22x).
     `around[name]`: two functions run right before and after each of that contender's steps, outside its time.
+    `cpu`, when given, receives per contender the same medians of this thread's CPU time per step (the work a
+    contender does, without its waits on other processes or for a core), read outside the wall-clock window.
     """
-    clock = time.perf_counter
+    clock, cpu_clock = time.perf_counter, time.thread_time
     samples: dict[str, list[float]] = {name: [] for name in steps}
     arounds = {name: (around or {}).get(name, (no_op, no_op)) for name in steps}
     for round_index in range(rounds):
         times: dict[str, list[float]] = {name: [] for name in steps}
+        cpu_times: dict[str, list[float]] = {name: [] for name in steps}
         for index, order in enumerate(step_orders(list(steps), per_round, seed=round_index)):
             for name in order:
                 before, after = arounds[name]
                 before()
+                cpu_start = cpu_clock()
                 start = clock()
                 steps[name](index)
                 times[name].append(clock() - start)
+                cpu_times[name].append(cpu_clock() - cpu_start)
                 after()
         for name, values in times.items():
             samples[name].append(statistics.median(values))
+            if cpu is not None:
+                cpu.setdefault(name, []).append(statistics.median(cpu_times[name]))
     return samples
 
 
