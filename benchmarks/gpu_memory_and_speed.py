@@ -233,7 +233,7 @@ def _memory_table(peaks: dict[str, list[float | None]], size: str, devices: int)
         cells = []
         for rank, peak in enumerate(peaks[name]):
             base = peaks["ddp"][rank]
-            cells.append("n/a (cpu)" if peak is None else f"{peak:.0f} ({peak / base:.2f}x)")
+            cells.append("n/a (cpu)" if peak is None or base is None else f"{peak:.0f} ({peak / base:.2f}x)")
         print(f"{name:<20}" + "".join(f"{c:>22}" for c in cells))
 
 
