@@ -100,6 +100,42 @@ def test_rank_is_read_from_torchrun_variables(monkeypatch: pytest.MonkeyPatch) -
     assert rank_zero_only(lambda: "ran")() is None
 
 
+@pytest.mark.usefixtures("no_cluster_env")
+def test_the_rank_is_detected_again_only_when_the_environment_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from fabric.utilities import rank_zero
+
+    detections: list[int | None] = []
+    real = rank_zero._rank_from_environment
+
+    def counted() -> int | None:
+        detections.append(real())
+        return detections[-1]
+
+    monkeypatch.setattr(rank_zero, "_rank_from_environment", counted)
+    monkeypatch.setattr(rank_zero, "_environment_cache", None)
+    assert [rank_zero_only.rank for _ in range(3)] == [0, 0, 0] and detections == [None], "one detection, then cached"
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert rank_zero_only.rank == 3 and rank_zero_only.rank == 3 and detections == [None, 3], "a new variable"
+    monkeypatch.setenv("RANK", "2")
+    assert rank_zero_only.rank == 2 and detections[-1] == 2, "a changed value is seen at the next read"
+    monkeypatch.delenv("RANK")
+    assert rank_zero_only.rank == 0, "torchrun's variables are incomplete again: a plain process"
+    # torch_xla imported after the last read, in a process its launcher started: the runtime's rank, same environment.
+    monkeypatch.setenv("PJRT_LOCAL_PROCESS_COUNT", "4")
+    assert rank_zero_only.rank == 0
+    runtime = types.SimpleNamespace(global_ordinal=lambda: 5)
+    monkeypatch.setitem(sys.modules, "torch_xla", types.SimpleNamespace(runtime=runtime))
+    assert rank_zero_only.rank == 5 and detections[-1] == 5
+    rank_zero_only.rank = 1
+    assert rank_zero_only.rank == 1, "a rank set by the user wins over the cache"
+    rank_zero_only.rank = None
+
+
 # -- data --------------------------------------------------------------------------------------------
 
 
