@@ -35,6 +35,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         cpu.append(["loader_state.py", "--smoke"])
         cpu.append(["fork_after_async.py", "--smoke"])
         cpu.append(["loader_overhead.py", "--smoke"])
+        cpu.append(["log_overhead.py", "--smoke"])
         cpu += [["step_overhead.py", "--smoke"], ["ddp_step.py", "--smoke"], ["pipeline_bubble.py", "--smoke"]]
         gpu = [
             ["cuda_precision.py", "--device", "cpu", "--smoke"],
@@ -56,6 +57,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         ["collective_record_overhead.py", *rounds, *peer],
         ["loader_state.py", *peer],  # repetitions, not rounds: --reps (default 200)
         ["loader_overhead.py", "--rounds", str(max(args.rounds, 9)), *peer],
+        ["log_overhead.py", "--rounds", str(max(args.rounds, 9)), *peer],
         # No peer: neither Lightning Fabric nor Accelerate pipelines a training step; it reports against theory.
         ["pipeline_bubble.py", "--steps", str(max(5, args.rounds))],
     ]

@@ -141,6 +141,16 @@ def test_ddp_step_describes_one_job_and_unpinned_ranks_and_passes_no_pin_to_them
     assert "1 thread/rank, ranks not pinned to cores" in title
 
 
+def test_log_overhead_smoke_times_log_dict_and_rank_zero_only_beside_a_raw_csv_writer() -> None:
+    result = _run("log_overhead.py", "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert out.startswith("machine: ") and "log_dict of a tensor and a float, CSV written every 100 calls" in out
+    _assert_ratio_row(out, "fabric")
+    assert re.search(r"^ratio fabric / raw call: [\d.]+x", out, re.MULTILINE), out
+    assert re.search(r"^fabric: [+-][\d.]+ us per call", out, re.MULTILINE), out
+
+
 @pytest.mark.multiprocess
 def test_uneven_all_gather_smoke_compares_uneven_with_equal() -> None:
     result = _run("uneven_all_gather.py", "--smoke")
