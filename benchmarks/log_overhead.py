@@ -18,7 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,7 @@ def _per_call(fn: Callable[[int], Any], calls: int, first_step: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def _rounds(contenders: dict[str, Callable[[int], Any]], rounds: int, calls: int) -> dict[str, list[float]]:
+def _rounds(contenders: Mapping[str, Callable[[int], Any]], rounds: int, calls: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for index in range(rounds):
         for name in round_order(list(contenders), index):
