@@ -125,12 +125,17 @@ def test_the_rank_is_detected_again_only_when_the_environment_changed(monkeypatc
     assert rank_zero_only.rank == 2 and detections[-1] == 2, "a changed value is seen at the next read"
     monkeypatch.delenv("RANK")
     assert rank_zero_only.rank == 0, "torchrun's variables are incomplete again: a plain process"
-    # torch_xla imported after the last read, in a process its launcher started: the runtime's rank, same environment.
+    # In a process torch_xla's launcher started, its runtime's rank, asked every time (it is not an environment
+    # variable): torch_xla imported after the last read, then another ordinal, with the environment unchanged.
     monkeypatch.setenv("PJRT_LOCAL_PROCESS_COUNT", "4")
     assert rank_zero_only.rank == 0
     runtime = types.SimpleNamespace(global_ordinal=lambda: 5)
     monkeypatch.setitem(sys.modules, "torch_xla", types.SimpleNamespace(runtime=runtime))
-    assert rank_zero_only.rank == 5 and detections[-1] == 5
+    assert rank_zero_only.rank == 5
+    runtime.global_ordinal = lambda: 2
+    assert rank_zero_only.rank == 2
+    monkeypatch.delitem(sys.modules, "torch_xla")
+    assert rank_zero_only.rank == 0 and len(detections) == 5, "the environment's answer, still cached"
     rank_zero_only.rank = 1
     assert rank_zero_only.rank == 1, "a rank set by the user wins over the cache"
     rank_zero_only.rank = None
