@@ -29,6 +29,14 @@ def _run(*args: str, env: dict[str, str] | None = None, timeout: float = 240) ->
     )  # fmt: skip
 
 
+def _smoke(script: str) -> str:
+    """`script --smoke`'s output, once it exited cleanly and printed the machine line first."""
+    result = _run(script, "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("machine: "), result.stdout
+    return result.stdout
+
+
 def _assert_ratio_row(output: str, label: str) -> None:
     assert re.search(RATIO_ROW.format(label=re.escape(label)), output, re.MULTILINE), output
 
@@ -142,10 +150,8 @@ def test_ddp_step_describes_one_job_and_unpinned_ranks_and_passes_no_pin_to_them
 
 
 def test_log_overhead_smoke_times_log_dict_and_rank_zero_only_beside_a_raw_csv_writer() -> None:
-    result = _run("log_overhead.py", "--smoke")
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    assert out.startswith("machine: ") and "log_dict of a tensor and a float, CSV written every 100 calls" in out
+    out = _smoke("log_overhead.py")
+    assert "log_dict of a tensor and a float, CSV written every 100 calls" in out
     _assert_ratio_row(out, "fabric")
     assert re.search(r"^ratio fabric / raw call: [\d.]+x", out, re.MULTILINE), out
     assert re.search(r"^fabric: [+-][\d.]+ us per call", out, re.MULTILINE), out
@@ -153,10 +159,8 @@ def test_log_overhead_smoke_times_log_dict_and_rank_zero_only_beside_a_raw_csv_w
 
 @pytest.mark.multiprocess
 def test_uneven_all_gather_smoke_compares_uneven_with_equal() -> None:
-    result = _run("uneven_all_gather.py", "--smoke")
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    assert out.startswith("machine: ") and "all_gather, 2 CPU processes (gloo)" in out
+    out = _smoke("uneven_all_gather.py")
+    assert "all_gather, 2 CPU processes (gloo)" in out
     _assert_ratio_row(out, "fabric uneven")
     _assert_ratio_row(out, "strategy equal")
     assert re.search(r"^target: fabric uneven vs fabric equal < 1.20x -> median [\d.]+x", out, re.MULTILINE), out
