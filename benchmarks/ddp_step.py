@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from _common import emit, load_line, pooled_jobs, ratio_band, run_two_ranks
+from _common import emit, load_line, pooled_jobs, print_ratio, ratio_band, run_two_ranks
 from step_overhead import (
     all_steps,
     alternate,
@@ -272,9 +272,9 @@ def _report_cpu(cpu: dict[str, list[float]]) -> None:
     base = cpu["raw"]
     print(f"CPU time of rank 0's main thread per step, raw DDP: {statistics.median(base) * 1e6:.1f} us")
     for name in list(cpu)[1:]:
-        ratio, low, high = ratio_band(cpu[name], base)
+        print_ratio(f"{name} / raw, CPU", cpu[name], base)
         diff = statistics.median([a - b for a, b in zip(cpu[name], base, strict=True)]) * 1e6
-        print(f"  {name} / raw: {ratio:.3f}x (p25-p75 {low:.3f}-{high:.3f}x), {diff:+.1f} us/step (median)")
+        print(f"CPU difference {name} - raw: {diff:+.1f} us/step (median of the rounds)")
 
 
 def _plural(count: int, word: str) -> str:

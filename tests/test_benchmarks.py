@@ -93,6 +93,10 @@ def test_ddp_step_smoke_pairs_raw_ddp_with_fabric_in_one_process_group(ddp_step_
     # The control (a second raw DDP) shows the noise floor; each rank runs on a core of its own (2 cores here).
     _assert_ratio_row(out, "raw, 2nd copy (control)")
     assert re.search(r"^ratio raw2 / raw: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=4\)", out, re.MULTILINE), out
+    # Rank 0's main-thread CPU time per step, beside the wall clock: raw DDP's, then each contender's against it.
+    assert re.search(r"^CPU time of rank 0's main thread per step, raw DDP: [\d.]+ us$", out, re.MULTILINE), out
+    assert re.search(r"^ratio fabric / raw, CPU: [\d.]+x \(p25-p75 [\d.]+-[\d.]+x, n=4\)", out, re.MULTILINE), out
+    assert re.search(r"^CPU difference fabric - raw: [+-][\d.]+ us/step", out, re.MULTILINE), out
     pinned = len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else False
     assert ("1 thread/rank, each rank pinned to a core" if pinned else "ranks not pinned to cores") in out
 

@@ -13,7 +13,8 @@ def launched_xla_rank() -> int | None:
 
     Never imports torch_xla: a process that did not import it was not started by its launcher.
     """
-    if "PJRT_LOCAL_PROCESS_COUNT" not in os.environ or sys.modules.get("torch_xla") is None:
+    # sys.modules first: a process without torch_xla (almost every one) then pays no os.environ miss (a KeyError).
+    if sys.modules.get("torch_xla") is None or "PJRT_LOCAL_PROCESS_COUNT" not in os.environ:
         return None
     from torch_xla import runtime as xr
 

@@ -73,16 +73,20 @@ class CSVLogger(_VersionedLogger):
         on other ranks than 0 a dummy whose methods do nothing."""
         return _CSVExperiment(self)
 
+    @property
+    def _local_metrics_path(self) -> Path:
+        return Path(self._local_version_dir) / "metrics.csv"
+
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float | Tensor], step: int | None = None) -> None:
         """Buffer one row of metrics; it is written every ``flush_logs_every_n_steps`` calls."""
         # A local file's path is fixed once the writer exists (building it took half of this call's 17 us); only a
         # URL's local mirror can move.
-        if self._writer is None or self._remote is not None:
-            path = Path(self._local_version_dir) / "metrics.csv"
-            if self._writer is None:
-                self._writer = _MetricsWriter(path)
-            elif self._writer.path != path and self._remote is not None:
+        if self._writer is None:
+            self._writer = _MetricsWriter(self._local_metrics_path)
+        elif self._remote is not None:
+            path = self._local_metrics_path
+            if self._writer.path != path:
                 # finalize removed the local mirror of a URL root_dir: continue the file already on the store.
                 self._remote.download(self._name, _version_dir_name(self.version), "metrics.csv")
                 self._writer.path = path
