@@ -29,7 +29,11 @@ that very DDP module, optimizer and batches (fabric's forward guard set aside ar
 time), so separately built models' memory layouts, which move a step by 1-2%, are out of the ratio. Peers cannot
 share fabric's model and are left out.
 
-Run:  python benchmarks/ddp_step.py [--rounds 15] [--no-pin] [--jobs N] [--same-model]
+`--components` (implies `--same-model`) adds three contenders that each make one of fabric's calls and the rest raw:
+fabric's model call (its forward wrapper and guard), `fabric.backward` and the wrapped optimizer's `step`, so the
+CPU lines show what each adds to a step (the issue's "profile every microsecond fabric adds per step").
+
+Run:  python benchmarks/ddp_step.py [--rounds 15] [--no-pin] [--jobs N] [--same-model | --components]
       python benchmarks/ddp_step.py --profile 2000   # cProfile 2000 fabric DDP steps on rank 0
       python benchmarks/ddp_step.py --smoke          # a quick run of the code paths: no numbers to keep
 """
@@ -69,6 +73,8 @@ TINY_ROUNDS_FACTOR = 5
 SMOKE_MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {"tiny": ((32, 64, 64, 10), 32, 5, 1)}
 WORLD_SIZE = 2
 TARGET = 1.02
+# --components: one of fabric's calls in an otherwise raw step, to see what each adds (see _same_model_steps)
+COMPONENTS = {"forward": "fabric's model call only", "backward": "fabric.backward only", "step": "fabric's step only"}
 WORKER_TIMEOUT_S = 300
 
 
@@ -138,8 +144,13 @@ def _same_model_steps(
     inner_model, inner_optimizer = model._forward_module, optimizer.optimizer
     fns = {name: _step(inner_model, inner_optimizer, _plain_backward, batches) for name in ("raw", "raw2")}
     fns["fabric"] = _step(model, optimizer, fabric.backward, batches)
+    # --components: fabric's model call, fabric.backward or fabric's step, each in an otherwise raw step
+    fns["forward"] = _step(model, inner_optimizer, _plain_backward, batches)
+    fns["backward"] = _step(inner_model, inner_optimizer, fabric.backward, batches)
+    fns["step"] = _step(inner_model, optimizer, _plain_backward, batches)
     guard = model._forward_guard  # None on one process: nothing to set aside
-    set_aside = {} if guard is None else {"raw": (guard.lift, guard.drop), "raw2": (guard.lift, guard.drop)}
+    raw_forward = ("raw", "raw2", "backward", "step")  # call the DDP module itself: the guard is set aside
+    set_aside = {} if guard is None else {name: (guard.lift, guard.drop) for name in raw_forward}
     return fns, set_aside
 
 
@@ -184,7 +195,8 @@ def worker(
     names = ["fabric"] if profile_steps else frameworks.split(",")
     around: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {}
     if same_model:
-        step_fns, around = _same_model_steps(widths, batch, steps, fabric)
+        all_fns, around = _same_model_steps(widths, batch, steps, fabric)
+        step_fns = {name: all_fns[name] for name in names}
     else:
         step_fns = {fw: _build(fw, widths, batch, profile_steps or steps, fabric) for fw in names}
     runs = {fw: all_steps(step, profile_steps or steps) for fw, step in step_fns.items()}
@@ -316,6 +328,11 @@ def _options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="raw DDP steps the DDP module, optimizer and batches fabric set up (no peers): fabric's layer alone",
     )
+    parser.add_argument(
+        "--components",
+        action="store_true",
+        help="--same-model, plus one contender per call fabric adds to a step (model call, backward, step)",
+    )
 
 
 def main() -> int:
@@ -329,10 +346,11 @@ def main() -> int:
         return 0
     frameworks = importable_frameworks(args.peer_python)
     frameworks.insert(frameworks.index("raw") + 1, "raw2")  # the control: raw DDP against itself
+    args.same_model |= args.components
     if args.same_model:
         for peer in frameworks[3:]:
             print(f"skipped: {peer}: --same-model steps one model that fabric set up; a peer cannot share it")
-        frameworks = ["raw", "raw2", "fabric"]
+        frameworks = ["raw", "raw2", "fabric", *(COMPONENTS if args.components else ())]
     print(load_line())
     base_rounds = rounds_to_run(args)
     for model_name in SMOKE_MODELS if args.smoke else MODELS:
@@ -342,9 +360,8 @@ def main() -> int:
         rounds = base_rounds if args.smoke else max(-(-base_rounds * factor // jobs), -(-base_rounds // 2))
         argv = functools.partial(_worker_argv, args, model_name, rounds)
         samples, cpu, pinned = _run_jobs(argv, frameworks, jobs, args.same_model)
-        report(
-            _title(model_name, args.smoke, jobs, rounds, pinned, args.same_model), samples, TARGET, raw_label="raw DDP"
-        )
+        title = _title(model_name, args.smoke, jobs, rounds, pinned, args.same_model)
+        report(title, samples, TARGET, raw_label="raw DDP", labels=COMPONENTS)
         _report_cpu(cpu)
     return 0
 

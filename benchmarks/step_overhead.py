@@ -190,10 +190,17 @@ def importable_frameworks(peer_arg: str | None) -> list[str]:
     return list(dict.fromkeys(here))
 
 
-def report(title: str, samples: dict[str, list[float]], target: float, raw_label: str = RAW) -> bool:
-    """The table, then per contender its ratio band to raw and its per-step difference; whether fabric met target."""
+def report(
+    title: str,
+    samples: dict[str, list[float]],
+    target: float,
+    raw_label: str = RAW,
+    labels: dict[str, str] | None = None,
+) -> bool:
+    """The table, then per contender its ratio band to raw and its per-step difference; whether fabric met target.
+    `labels`: table labels of contenders other than the frameworks."""
     base = samples["raw"]
-    labels = FRAMEWORK_LABELS | {"raw": raw_label}
+    labels = FRAMEWORK_LABELS | (labels or {}) | {"raw": raw_label}
     rows = [Row(labels[fw], s, None if fw == "raw" else base) for fw, s in samples.items()]
     print_table(title, rows, "us/step", 1e6)
     ok = True

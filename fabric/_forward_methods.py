@@ -30,32 +30,33 @@ class _ForwardGuard:
     is watched whenever no wrapper is running, which is when a call to it goes around the strategy.
     """
 
-    __slots__ = ("_hook", "_hooks", "_key", "depth")
+    # Public to `_FabricModule.__call__`, which inlines `call` (a Python frame costs microseconds in a small step).
+    __slots__ = ("depth", "hook", "hooks", "key")
 
     def __init__(self) -> None:
         self.depth = 0
         # The module's pre-hook table, our hook's key in it and the hook, once `watch` is called.
-        self._hooks: dict[int, Any] | None = None
-        self._key = -1
-        self._hook: Any = None
+        self.hooks: dict[int, Any] | None = None
+        self.key = -1
+        self.hook: Any = None
 
     def watch(self, hooks: dict[int, Any], key: int, hook: Any) -> None:
         """Remember the hook (`hooks[key]`) to lift while a wrapper's forward runs."""
-        self._hooks, self._key, self._hook = hooks, key, hook
+        self.hooks, self.key, self.hook = hooks, key, hook
 
     def lift(self) -> None:
         """A wrapper's forward starts: calls of the module now come through the strategy."""
         self.depth += 1
-        if self.depth == 1 and self._hooks is not None:
+        if self.depth == 1 and self.hooks is not None:
             # None when the user removed the hook meanwhile: then `drop` does not put it back either.
-            self._hook = self._hooks.pop(self._key, None)
+            self.hook = self.hooks.pop(self.key, None)
 
     def drop(self) -> None:
         """A wrapper's forward ends: watch the module again (the hook only warns, so its place in the table,
         now the last, does not matter)."""
         self.depth -= 1
-        if self.depth == 0 and self._hook is not None and self._hooks is not None:
-            self._hooks[self._key] = self._hook
+        if self.depth == 0 and self.hook is not None and self.hooks is not None:
+            self.hooks[self.key] = self.hook
 
     def call(self, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`forward(*args, **kwargs)` (the strategy's module) with the guard lifted meanwhile."""

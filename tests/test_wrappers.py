@@ -163,12 +163,16 @@ def test_a_guarded_call_lifts_the_guard_only_while_it_runs() -> None:
     depths: list[int] = []
     model.register_forward_pre_hook(lambda *a: depths.append(guard.depth))
     wrapped = _FabricModule(model, model, Precision(), forward_guard=guard)
-    assert wrapped._fabric_call is not None, "a guarded forward skips torch's call on the wrapper"
+    assert wrapped._fabric_guard is guard, "a guarded forward skips torch's call on the wrapper"
     x = torch.ones(3, 4)
     assert torch.equal(wrapped(x), model(x)) and depths == [1, 0], "lifted in the wrapper's call, not after"
     with pytest.raises(ValueError, match="expected 4 features"):
         wrapped(torch.ones(3, 5))
     assert guard.depth == 0, "a failing forward drops the guard again"
+    wrapped.register_forward_hook(lambda *a: None)  # now torch's call runs, which lifts the guard in forward()
+    assert wrapped._fabric_guard is None and wrapped._fabric_call is None
+    depths.clear()
+    assert torch.equal(wrapped(x), model(x)) and depths == [1, 0] and guard.depth == 0
 
 
 def test_attributes_and_methods_of_the_user_module_pass_through() -> None:
