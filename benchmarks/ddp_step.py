@@ -31,9 +31,10 @@ share fabric's model and are left out.
 
 `--components` (implies `--same-model`) adds three contenders that each make one of fabric's calls and the rest raw:
 fabric's model call (its forward wrapper and guard), `fabric.backward` and the wrapped optimizer's `step`, so the
-CPU lines show what each adds to a step (the issue's "profile every microsecond fabric adds per step").
+CPU lines show what each adds to a step (the issue's "profile every microsecond fabric adds per step"); a fourth
+makes the model call through a wrapper without the forward guard, which tells the guard's share.
 
-Run:  python benchmarks/ddp_step.py [--rounds 15] [--no-pin] [--jobs N] [--same-model | --components]
+Run:  python benchmarks/ddp_step.py [--rounds 15] [--no-pin] [--jobs N] [--same-model | --components] [--model tiny]
       python benchmarks/ddp_step.py --profile 2000   # cProfile 2000 fabric DDP steps on rank 0
       python benchmarks/ddp_step.py --smoke          # a quick run of the code paths: no numbers to keep
 """
@@ -74,7 +75,12 @@ SMOKE_MODELS: dict[str, tuple[tuple[int, ...], int, int, int]] = {"tiny": ((32, 
 WORLD_SIZE = 2
 TARGET = 1.02
 # --components: one of fabric's calls in an otherwise raw step, to see what each adds (see _same_model_steps)
-COMPONENTS = {"forward": "fabric's model call only", "backward": "fabric.backward only", "step": "fabric's step only"}
+COMPONENTS = {
+    "forward": "fabric's model call only",
+    "unguarded": "the same without the guard",
+    "backward": "fabric.backward only",
+    "step": "fabric's step only",
+}
 WORKER_TIMEOUT_S = 300
 
 
@@ -136,6 +142,8 @@ def _same_model_steps(
     does without fabric. Returns the steps and, per raw contender, what runs before and after each of its steps."""
     import torch
 
+    from fabric.wrappers import _FabricModule
+
     torch.manual_seed(0)
     module = make_mlp(widths)
     model, optimizer = fabric.setup(module, torch.optim.SGD(module.parameters(), lr=1e-3))
@@ -148,8 +156,12 @@ def _same_model_steps(
     fns["forward"] = _step(model, inner_optimizer, _plain_backward, batches)
     fns["backward"] = _step(inner_model, inner_optimizer, fabric.backward, batches)
     fns["step"] = _step(inner_model, optimizer, _plain_backward, batches)
+    # fabric's model call as it would be without the forward guard (what the guard costs is "forward" minus this)
+    unguarded = _FabricModule(inner_model, module, fabric.strategy.precision)
+    fns["unguarded"] = _step(unguarded, inner_optimizer, _plain_backward, batches)
     guard = model._forward_guard  # None on one process: nothing to set aside
-    raw_forward = ("raw", "raw2", "backward", "step")  # call the DDP module itself: the guard is set aside
+    # These call the DDP module without lifting the guard themselves: it is set aside around their steps.
+    raw_forward = ("raw", "raw2", "unguarded", "backward", "step")
     set_aside = {} if guard is None else {name: (guard.lift, guard.drop) for name in raw_forward}
     return fns, set_aside
 
@@ -328,6 +340,7 @@ def _options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="raw DDP steps the DDP module, optimizer and batches fabric set up (no peers): fabric's layer alone",
     )
+    parser.add_argument("--model", choices=list(MODELS), action="append", help="only this MLP (default: all)")
     parser.add_argument(
         "--components",
         action="store_true",
@@ -353,7 +366,7 @@ def main() -> int:
         frameworks = ["raw", "raw2", "fabric", *(COMPONENTS if args.components else ())]
     print(load_line())
     base_rounds = rounds_to_run(args)
-    for model_name in SMOKE_MODELS if args.smoke else MODELS:
+    for model_name in SMOKE_MODELS if args.smoke else args.model or MODELS:
         jobs = args.jobs or (1 if args.smoke else len(frameworks))
         factor = TINY_ROUNDS_FACTOR if model_name == "tiny" else 1
         # The small MLP: at least half the rounds per job (its per-round ratios spread by several percent).

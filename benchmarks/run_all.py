@@ -37,6 +37,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         cpu.append(["loader_overhead.py", "--smoke"])
         cpu.append(["log_overhead.py", "--smoke"])
         cpu += [["step_overhead.py", "--smoke"], ["ddp_step.py", "--smoke"], ["pipeline_bubble.py", "--smoke"]]
+        cpu.append(["ddp_layer.py", "--smoke"])
         gpu = [
             ["cuda_precision.py", "--device", "cpu", "--smoke"],
             ["gpu_memory_and_speed.py", "--device", "cpu", "--smoke"],
@@ -48,6 +49,7 @@ def plan(args: argparse.Namespace) -> list[list[str]]:
         ["import_time.py", "-n", str(3 * args.rounds), *peer],
         ["step_overhead.py", *rounds, *peer],
         ["ddp_step.py", *rounds, *peer],
+        ["ddp_layer.py"],  # no peer can step fabric's model; 40 rounds by default, about 3 minutes
         ["launch_startup.py", *rounds, *peer],
         ["checkpoint.py", *rounds, *peer],
         ["checkpoint_async.py", *rounds, *peer],

@@ -134,11 +134,27 @@ def test_ddp_step_components_time_each_of_fabrics_calls_in_an_otherwise_raw_step
     out = result.stdout
     assert "1 job (one model per job: raw DDP steps the DDP module, optimizer and batches fabric set up)" in out, out
     _assert_paired_rows(out, "raw DDP", rounds=2, with_peers=False)
-    for name, label in (("forward", "fabric's model call only"), ("backward", "fabric.backward only"),
-                        ("step", "fabric's step only")):  # fmt: skip
+    for name, label in (("forward", "fabric's model call only"), ("unguarded", "the same without the guard"),
+                        ("backward", "fabric.backward only"), ("step", "fabric's step only")):  # fmt: skip
         _assert_ratio_row(out, label)
         assert re.search(rf"^CPU difference {name} - raw: [+-][\d.]+ us/step", out, re.MULTILINE), out
     assert "fabric.setup()" not in result.stderr, result.stderr  # the guard's warning names fabric.setup()
+
+
+@pytest.mark.multiprocess
+def test_ddp_layer_times_fabrics_calls_on_one_process_with_the_guard_installed() -> None:
+    # One process, DDP over a gloo group of one, fabric's forward guard installed as for several processes (the
+    # script refuses to report without it): raw DDP, its control, fabric and each of fabric's calls alone.
+    out = _smoke("ddp_layer.py")
+    assert "2 rounds x 20 steps per contender" in out, out
+    assert re.search(r"^raw DDP\s+[\d.]+", out, re.MULTILINE), out
+    labels = ("raw, 2nd copy (control)", "fabric", "fabric's model call only", "the same without the guard",
+              "fabric.backward only", "fabric's step only")  # fmt: skip
+    for label in labels:
+        _assert_ratio_row(out, label)
+    for name in ("raw2", "fabric", "forward", "unguarded", "backward", "step"):
+        difference = rf"^CPU difference {name} - raw: [+-][\d.]+ us/step \(p25-p75 [+-][\d.]+ to [+-][\d.]+, "
+        assert re.search(difference, out, re.MULTILINE), out
 
 
 def test_ddp_step_describes_one_job_and_unpinned_ranks_and_passes_no_pin_to_them(
@@ -269,8 +285,10 @@ def test_run_all_runs_every_benchmark_script() -> None:
     planned = run_all.plan(type("Args", (), parser_defaults)())
     scripts = {p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_") and p.name != "run_all.py"}
     assert {s[0] for s in planned} == scripts
-    # Every script that has a peer to compare with gets it (pipeline_bubble.py compares with theory instead).
-    assert all(s[-2:] == ["--peer-python", "/peer/python"] for s in planned if s[0] != "pipeline_bubble.py")
+    # Every script that has a peer to compare with gets it (pipeline_bubble.py compares with theory instead, and
+    # ddp_layer.py times fabric's calls on fabric's own model, which no peer can step).
+    alone = ("pipeline_bubble.py", "ddp_layer.py")
+    assert all(s[-2:] == ["--peer-python", "/peer/python"] for s in planned if s[0] not in alone)
 
 
 def _load(name: str) -> ModuleType:
