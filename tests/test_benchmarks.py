@@ -107,18 +107,24 @@ def test_ddp_step_pools_the_rounds_of_several_jobs(ddp_step_two_jobs: str) -> No
     assert title in out
 
 
-@pytest.mark.multiprocess
-def test_ddp_step_same_model_steps_fabrics_own_ddp_module_raw_and_through_fabric() -> None:
-    # --same-model: raw DDP and its control step the DDP module, optimizer and batches fabric set up, with fabric's
-    # forward guard set aside outside their time: so no raw step may reach the guard's warning (it would mean the raw
-    # steps ran with a hook on the module, slower than raw DDP runs without fabric).
-    result = _run("ddp_step.py", "--smoke", "--same-model")
+def _one_model_run(flag: str) -> str:
+    """`ddp_step.py --smoke <flag>` (--same-model or --components: raw DDP and its control step the DDP module,
+    optimizer and batches fabric set up, with fabric's forward guard set aside outside their time), checked for what
+    every such run prints. No raw step may reach the guard's warning: it would mean the raw steps ran with a hook on
+    the module, slower than raw DDP runs without fabric."""
+    result = _run("ddp_step.py", "--smoke", flag)
     assert result.returncode in (0, 1), result.stdout + result.stderr  # 1: a target missed on a loaded machine
     out = result.stdout
     assert "1 job (one model per job: raw DDP steps the DDP module, optimizer and batches fabric set up)" in out, out
     _assert_paired_rows(out, "raw DDP", rounds=2, with_peers=False)
     _assert_ratio_row(out, "raw, 2nd copy (control)")
     assert "fabric.setup()" not in result.stderr, result.stderr  # the guard's warning names fabric.setup()
+    return out
+
+
+@pytest.mark.multiprocess
+def test_ddp_step_same_model_steps_fabrics_own_ddp_module_raw_and_through_fabric() -> None:
+    out = _one_model_run("--same-model")
     for peer in ("lightning_fabric", "accelerate"):
         assert not re.search(rf"^{peer} ", out, re.MULTILINE), out  # a peer cannot step fabric's model
     if importlib.util.find_spec("lightning_fabric") is not None:
@@ -127,18 +133,13 @@ def test_ddp_step_same_model_steps_fabrics_own_ddp_module_raw_and_through_fabric
 
 @pytest.mark.multiprocess
 def test_ddp_step_components_time_each_of_fabrics_calls_in_an_otherwise_raw_step() -> None:
-    # --components: fabric's model call, fabric.backward and fabric's step, each alone in a raw DDP step on the model
-    # fabric set up, beside raw DDP and fabric's whole step; the raw-forward ones set the guard aside (no warning).
-    result = _run("ddp_step.py", "--smoke", "--components")
-    assert result.returncode in (0, 1), result.stdout + result.stderr  # 1: a target missed on a loaded machine
-    out = result.stdout
-    assert "1 job (one model per job: raw DDP steps the DDP module, optimizer and batches fabric set up)" in out, out
-    _assert_paired_rows(out, "raw DDP", rounds=2, with_peers=False)
+    # fabric's model call (and the same without the guard), fabric.backward and fabric's step, each alone in a raw
+    # DDP step on the model fabric set up, beside raw DDP and fabric's whole step.
+    out = _one_model_run("--components")
     for name, label in (("forward", "fabric's model call only"), ("unguarded", "the same without the guard"),
                         ("backward", "fabric.backward only"), ("step", "fabric's step only")):  # fmt: skip
         _assert_ratio_row(out, label)
         assert re.search(rf"^CPU difference {name} - raw: [+-][\d.]+ us/step", out, re.MULTILINE), out
-    assert "fabric.setup()" not in result.stderr, result.stderr  # the guard's warning names fabric.setup()
 
 
 @pytest.mark.multiprocess
