@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+from test_health_traffic import CountingStore
 
 from fabric import Fabric
 from fabric.health.job import ABORT_STEP, NEWS_KEY, JobHealth
@@ -156,8 +157,8 @@ def test_sigterm_is_a_preemption_only_while_no_rank_has_failed(job: str, returnc
     assert run.stdout.strip() == output
 
 
-class _LateFailureStore(dict):
-    """A store (a dict) in which a rank fails, and the launcher signals this one, just after a news read.
+class _LateFailureStore(CountingStore):
+    """A store in which a rank fails, and the launcher signals this one, just after a news read.
 
     The launcher's order: the failed rank leaves its abort mark, then the others get SIGTERM. Both land between
     the health thread's read of the news and its handling of this rank's signal, the race the thread must win.
@@ -168,19 +169,9 @@ class _LateFailureStore(dict):
         self.preemption = preemption
         self.failed = False
 
-    def clone(self) -> _LateFailureStore:
-        return self
-
-    def set(self, key: str, value: str) -> None:
-        self[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        return self[key]
-
     def add(self, key: str, amount: int) -> int:
-        value = int(self.get(key) if key in self else 0) + amount
-        self[key] = str(value).encode()
-        if key == NEWS_KEY and amount == 0 and not self.failed:
+        value = super().add(key, amount)
+        if key == NEWS_KEY and amount == 0 and not self.failed:  # a read of the news
             self.failed = True
             JobHealth(self, 1, 2, timedelta(seconds=5)).report_failure()
             self.preemption._catch(signal.SIGTERM)  # what the signal handler runs
@@ -195,11 +186,11 @@ def test_a_signal_caught_just_after_the_news_was_read_is_judged_by_the_next_read
     killed: list[int] = []
     monkeypatch.setattr(signal, "pthread_kill", lambda thread, signum: killed.append(signum))
     health.tick()  # read the news (nothing yet); then the failure and the signal
-    assert int(store[NEWS_KEY]) == ABORT_STEP, "the signal was not announced as a preemption"
+    assert int(store.data[NEWS_KEY]) == ABORT_STEP, "the signal was not announced as a preemption"
     assert killed == [] and not health.request_seen
     health.tick()  # the next tick sees the failure: the signal came with it
     assert health.abort_seen and killed == [signal.SIGTERM], "the rank dies of the launcher's signal"
-    assert int(store[NEWS_KEY]) == ABORT_STEP and preemption.check() is False
+    assert int(store.data[NEWS_KEY]) == ABORT_STEP and preemption.check() is False
 
 
 def test_two_fabrics_in_one_process_both_see_the_signal() -> None:
