@@ -67,15 +67,19 @@ def run_json(
     return json.loads(lines[-1][len(MARKER) :]), wall
 
 
-def run_two_ranks(args: Sequence[str], env: dict[str, str], timeout: float) -> dict:
-    """Run `python *args` as ranks 0 and 1 of a 2-process job, started as torchrun would start them (RANK and
-    friends, a free port); return rank 0's JSON line. Rank 1's output is discarded."""
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a process group's store."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    job = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+        return int(s.getsockname()[1])
+
+
+def run_two_ranks(args: Sequence[str], env: dict[str, str], timeout: float) -> dict:
+    """Run `python *args` as ranks 0 and 1 of a 2-process job, started as torchrun would start them (RANK and
+    friends, a free port); return rank 0's JSON line. Rank 1's output is discarded."""
+    job = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     job |= {"GROUP_RANK": "0", "OMP_NUM_THREADS": "1", **env}
     other = subprocess.Popen(
         [sys.executable, *args],

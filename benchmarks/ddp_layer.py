@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import statistics
 import sys
 from typing import NoReturn
 
-from _common import Row, load_line, machine_line, print_ratio, print_table, probe
-from ddp_step import COMPONENTS, MODELS, _same_model_steps
-from step_overhead import alternate, no_op
+from _common import Row, free_port, load_line, machine_line, print_table, probe
+from ddp_step import COMPONENTS, MODELS, _same_model_steps, leave, print_cpu_differences, warm_up
+from step_overhead import FRAMEWORK_LABELS, all_steps, alternate
 
-LABELS = {"raw": "raw DDP", "raw2": "raw, 2nd copy (control)", "fabric": "fabric", **COMPONENTS}
+NAMES = ("raw", "raw2", "fabric", *COMPONENTS)
+LABELS = FRAMEWORK_LABELS | COMPONENTS | {"raw": "raw DDP"}
 
 
 def _steps(steps: int) -> tuple[dict, dict]:
@@ -42,9 +41,7 @@ def _steps(steps: int) -> tuple[dict, dict]:
 
     from fabric import Fabric
 
-    with socket.socket() as s:  # a free port for the group's store
-        s.bind(("127.0.0.1", 0))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(s.getsockname()[1]))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     torch.set_num_threads(1)
     fabric = Fabric(accelerator="cpu", strategy="ddp", devices=1)
     fabric.launch()
@@ -54,20 +51,14 @@ def _steps(steps: int) -> tuple[dict, dict]:
         fns, around = _same_model_steps(widths, batch, steps, fabric)
     if not around:  # the raw contenders set the guard aside: none means setup installed none
         raise RuntimeError("fabric.setup installed no forward guard: this script measures nothing it is meant to")
-    return {name: fns[name] for name in LABELS}, around
+    return {name: fns[name] for name in NAMES}, around
 
 
 def _report(cpu: dict[str, list[float]]) -> None:
-    base = cpu["raw"]
     title = f"CPU time per step, tiny MLP {'->'.join(map(str, MODELS['tiny'][0]))}, DDP on a gloo group of one"
-    rows = [Row(LABELS[name], cpu[name], None if name == "raw" else base) for name in cpu]
+    rows = [Row(LABELS[name], cpu[name], None if name == "raw" else cpu["raw"]) for name in cpu]
     print_table(title, rows, "us/step", 1e6)
-    for name in list(cpu)[1:]:
-        print_ratio(f"{name} / raw, CPU", cpu[name], base)
-        diffs = sorted((a - b) * 1e6 for a, b in zip(cpu[name], base, strict=True))
-        low, high = (statistics.quantiles(diffs, n=4)[0::2]) if len(diffs) > 1 else (diffs[0], diffs[0])
-        print(f"CPU difference {name} - raw: {statistics.median(diffs):+.1f} us/step (p25-p75 {low:+.1f} to "
-              f"{high:+.1f}, median of the rounds)")  # fmt: skip
+    print_cpu_differences(cpu)
 
 
 def main() -> NoReturn:
@@ -81,22 +72,13 @@ def main() -> NoReturn:
     print(machine_line({"current": probe(sys.executable)}))
     print(load_line())
     fns, around = _steps(steps)
-    for name, step in fns.items():  # warm up: allocator, DDP's bucket rebuild after the first step, lazy imports
-        before, after = around.get(name, (no_op, no_op))
-        for index in range(2 if args.smoke else 300):
-            before()
-            step(index)
-            after()
+    runs = {name: all_steps(step, steps) for name, step in fns.items()}
+    warm_up(runs, around, 1 if args.smoke else max(1, 300 // steps))  # at least 300 steps each
     cpu: dict[str, list[float]] = {}
     alternate(fns, steps, rounds, around, cpu)
     print(f"{rounds} rounds x {steps} steps per contender, in a fresh random order every step, 1 thread")
     _report(cpu)
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
-    # Leave without freeing the DDP module after its group is gone (see the end of ddp_step.worker).
-    sys.stdout.flush()
-    os._exit(0)
+    leave()  # without freeing the DDP module after its group is gone (see ddp_step.leave)
 
 
 if __name__ == "__main__":

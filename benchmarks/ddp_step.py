@@ -212,12 +212,7 @@ def worker(
     else:
         step_fns = {fw: _build(fw, widths, batch, profile_steps or steps, fabric) for fw in names}
     runs = {fw: all_steps(step, profile_steps or steps) for fw, step in step_fns.items()}
-    for name, run in runs.items():  # warm up: allocator, DDP's bucket rebuild after the first step, lazy imports
-        before, after = around.get(name, (no_op, no_op))
-        for _ in range(1 if smoke else max(2, 100 // steps)):
-            before()
-            run()
-            after()
+    warm_up(runs, around, 1 if smoke else max(2, 100 // steps))
     if profile_steps:
         _profile(runs["fabric"], profile_steps)
     else:
@@ -229,11 +224,31 @@ def worker(
             job["guard_warned"] = "unwrapped-forward" in fabric._warn_once._given  # see _same_model_steps
             emit({"samples": samples, "cpu": cpu, **job})
     dist.barrier()
+    leave()
+
+
+def warm_up(runs: dict[str, Callable[[], None]], around: dict[str, Any], repeats: int) -> None:
+    """Each contender's run `repeats` times, between its `around` pair: the allocator, DDP's bucket rebuild after
+    the first step and lazy imports out of the timed rounds."""
+    for name, run in runs.items():
+        before, after = around.get(name, (no_op, no_op))
+        for _ in range(repeats):
+            before()
+            run()
+            after()
+
+
+def leave() -> NoReturn:
+    """Destroy the process group and end the process.
+
+    Leave without freeing the models: freeing the last DDP model after the group is gone frees gloo's process
+    group, whose destructor joins gloo's worker thread while holding the GIL, and that thread may still be
+    freeing the barrier's work, whose thread-local state needs the GIL: a deadlock inside torch (native stacks
+    seen with py-spy; about 1 run in 15 with the ranks pinned, which makes the window wider).
+    """
+    import torch.distributed as dist
+
     dist.destroy_process_group()
-    # Leave without freeing the models: freeing the last DDP model after the group is gone frees gloo's process
-    # group, whose destructor joins gloo's worker thread while holding the GIL, and that thread may still be
-    # freeing the barrier's work, whose thread-local state needs the GIL: a deadlock inside torch (native stacks
-    # seen with py-spy; about 1 run in 15 with the ranks pinned, which makes the window wider).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
@@ -293,12 +308,20 @@ def _run_jobs(
 def _report_cpu(cpu: dict[str, list[float]]) -> None:
     """Each contender's CPU time per step next to raw DDP's: the work it adds, without the waits on the other
     rank that make up most of the wall-clock noise (fabric's layer is Python frames: CPU, never a wait)."""
+    print(f"CPU time of rank 0's main thread per step, raw DDP: {statistics.median(cpu['raw']) * 1e6:.1f} us")
+    print_cpu_differences(cpu)
+
+
+def print_cpu_differences(cpu: dict[str, list[float]]) -> None:
+    """Per contender after raw, its CPU-time ratio band to raw and the median and p25-p75 of its per-round
+    differences."""
     base = cpu["raw"]
-    print(f"CPU time of rank 0's main thread per step, raw DDP: {statistics.median(base) * 1e6:.1f} us")
     for name in list(cpu)[1:]:
         print_ratio(f"{name} / raw, CPU", cpu[name], base)
-        diff = statistics.median([a - b for a, b in zip(cpu[name], base, strict=True)]) * 1e6
-        print(f"CPU difference {name} - raw: {diff:+.1f} us/step (median of the rounds)")
+        diffs = sorted((a - b) * 1e6 for a, b in zip(cpu[name], base, strict=True))
+        low, high = statistics.quantiles(diffs, n=4)[0::2] if len(diffs) > 1 else (diffs[0], diffs[0])
+        print(f"CPU difference {name} - raw: {statistics.median(diffs):+.1f} us/step (p25-p75 {low:+.1f} to "
+              f"{high:+.1f}, median of the rounds)")  # fmt: skip
 
 
 def _plural(count: int, word: str) -> str:
