@@ -1,7 +1,9 @@
 """fabric: scale a raw PyTorch training loop to many processes, devices and nodes with a few lines."""
 
 import os
+from typing import TYPE_CHECKING
 
+from fabric import _lazy
 from fabric.accelerators import (
     ACCELERATOR_REGISTRY,
     Accelerator,
@@ -22,29 +24,29 @@ from fabric.environments import (
 )
 from fabric.fabric import Fabric
 from fabric.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
-from fabric.precision import (
-    BitsandbytesPrecision,
-    DeepSpeedPrecision,
-    DoublePrecision,
-    FSDPPrecision,
-    HalfPrecision,
-    MixedPrecision,
-    Precision,
-    TransformerEnginePrecision,
-)
-from fabric.strategies import (
-    STRATEGY_REGISTRY,
-    DataParallelStrategy,
-    DDPStrategy,
-    DeepSpeedStrategy,
-    FSDPStrategy,
-    ModelParallelStrategy,
-    ParallelStrategy,
-    SingleDeviceStrategy,
-    Strategy,
-)
+from fabric.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, ParallelStrategy, SingleDeviceStrategy, Strategy
 from fabric.utilities.seed import seed_everything
 from fabric.wrappers import is_wrapped
+
+if TYPE_CHECKING:
+    from fabric.precision import BitsandbytesPrecision, DeepSpeedPrecision, FSDPPrecision, TransformerEnginePrecision
+    from fabric.strategies import DataParallelStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+
+# Imported on first use, as in the subpackages (fabric/_lazy.py): a run needs at most one strategy of these.
+__getattr__, __dir__ = _lazy.exports(
+    __name__,
+    {
+        "BitsandbytesPrecision": "fabric.precision",
+        "DeepSpeedPrecision": "fabric.precision",
+        "FSDPPrecision": "fabric.precision",
+        "TransformerEnginePrecision": "fabric.precision",
+        "DataParallelStrategy": "fabric.strategies",
+        "DeepSpeedStrategy": "fabric.strategies",
+        "FSDPStrategy": "fabric.strategies",
+        "ModelParallelStrategy": "fabric.strategies",
+    },
+)
 
 # Without this, torch.cuda.is_available() initialises the CUDA driver in the calling process, and a process that
 # later forks (ddp_fork, ddp_notebook) can no longer use CUDA in its children. With it, torch counts devices

@@ -1,11 +1,14 @@
 """Name -> factory registries for accelerators and strategies; user classes register like built-ins.
 
 Names are case-insensitive ("DDP" finds "ddp"), as Lightning Fabric's strategy names are: they are stored and
-listed in lower case.
+listed in lower case. A factory may also be given as the text "package.module:Name", imported when the name is
+first asked for: that is how fabric registers the strategies a run may never use (DeepSpeed, FSDP, XLA, ...),
+so that `import fabric` does not import them.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -19,17 +22,23 @@ class Registry(Generic[T]):
 
     def __init__(self, kind: str) -> None:
         self._kind = kind
-        self._entries: dict[str, tuple[Callable[..., T], dict[str, Any], str]] = {}
+        self._entries: dict[str, tuple[Callable[..., T] | str, dict[str, Any], str]] = {}
 
     def register(
         self,
         name: str,
-        factory: Callable[..., T],
+        factory: Callable[..., T] | str,
         description: str = "",
         override: bool = False,
         **init_kwargs: Any,
     ) -> None:
-        """Register `factory(**init_kwargs, **components)` under `name` (case-insensitive)."""
+        """Register `factory(**init_kwargs, **components)` under `name` (case-insensitive).
+
+        `factory` is a class or callable, or the text "package.module:Name" of one, imported when `name` is first
+        looked up (`get`, `factory_of`).
+        """
+        if isinstance(factory, str):
+            _check_path(factory)
         name = _key(name)
         if name in self._entries and not override:
             raise FabricValueError(
@@ -44,8 +53,8 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> tuple[Callable[..., T], dict[str, Any]]:
         """Return the factory and its default keyword arguments."""
-        factory, kwargs, _ = self._entries[_key(name)]
-        return factory, dict(kwargs)
+        _, kwargs, _ = self._entries[_key(name)]
+        return self.factory_of(name), dict(kwargs)
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and _key(name) in self._entries
@@ -67,12 +76,38 @@ class Registry(Generic[T]):
         return self.names()
 
     def factory_of(self, name: str) -> Callable[..., T]:
-        """The class or callable registered under `name`."""
-        return self._entries[_key(name)][0]
+        """The class or callable registered under `name` (imported now if it was registered by its path)."""
+        key = _key(name)
+        factory, kwargs, description = self._entries[key]
+        if isinstance(factory, str):
+            factory = _resolve(factory, f"{self._kind} {key!r}")
+            self._entries[key] = (factory, kwargs, description)  # imported once
+        return factory
 
 
 def _key(name: str) -> str:
     return name.lower()
+
+
+def _check_path(path: str) -> None:
+    module, _, attribute = path.partition(":")
+    if not module or not attribute.isidentifier():
+        raise FabricValueError(
+            f"register(factory={path!r}): a factory given as text must name a module and an attribute in it, as "
+            "'package.module:Name'. Pass the class itself, or its path in that form."
+        )
+
+
+def _resolve(path: str, what: str) -> Callable[..., Any]:
+    """Import the factory named "package.module:Name", registered as `what`."""
+    module, _, attribute = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as err:
+        raise FabricValueError(
+            f"The {what} is registered as {path!r}, which cannot be imported: {err}. Fix the path given to "
+            "register(), or register the class itself."
+        ) from err
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

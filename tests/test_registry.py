@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,3 +120,37 @@ def test_registry_basics() -> None:
     registry.remove("a")
     registry.remove("never-there")  # removing an unknown name is harmless
     assert registry.names() == ["b"]
+
+
+def test_a_factory_given_by_its_path_is_imported_when_first_asked_for() -> None:
+    registry: Registry[Any] = Registry("widget")
+    registry.register("od", "collections:OrderedDict", "by path", last=True)
+    assert registry.names() == ["od"] and "OD" in registry
+    factory, kwargs = registry.get("OD")
+    assert factory is collections.OrderedDict and kwargs == {"last": True}
+    assert registry.factory_of("od") is collections.OrderedDict
+
+
+def test_a_bad_factory_path_is_refused_or_explained() -> None:
+    registry: Registry[Any] = Registry("widget")
+    refused = r"register\(factory='collections.OrderedDict'\): a factory given as text must name a module and an"
+    with pytest.raises(ValueError, match=refused + r" attribute in it, as 'package.module:Name'"):
+        registry.register("od", "collections.OrderedDict")
+    registry.register("gone", "no_such_module_here:Thing")
+    registry.register("typo", "collections:OrderDict")
+    gone = r"The widget 'gone' is registered as 'no_such_module_here:Thing', which cannot be imported: "
+    with pytest.raises(ValueError, match=gone + r"No module named 'no_such_module_here'. Fix the path"):
+        registry.get("gone")
+    typo = r"The widget 'typo' is registered as 'collections:OrderDict', which cannot be imported: .*OrderDict"
+    with pytest.raises(ValueError, match=typo):
+        registry.factory_of("typo")
+
+
+def test_every_registered_strategy_resolves_to_what_its_package_exports() -> None:
+    import fabric.strategies as strategies
+
+    for name in STRATEGY_REGISTRY.names():
+        factory = STRATEGY_REGISTRY.factory_of(name)
+        assert callable(factory), name
+        if isinstance(factory, type):
+            assert getattr(strategies, factory.__name__) is factory, name
