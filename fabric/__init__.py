@@ -33,19 +33,13 @@ if TYPE_CHECKING:
     from fabric.precision import BitsandbytesPrecision, DeepSpeedPrecision, FSDPPrecision, TransformerEnginePrecision
     from fabric.strategies import DataParallelStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
-# Imported on first use, as in the subpackages (fabric/_lazy.py): a run needs at most one strategy of these.
+# Imported on first use, through the subpackages that export them lazily too (fabric/_lazy.py): a run needs at
+# most one strategy of these.
+_FROM_PRECISION = ("BitsandbytesPrecision", "DeepSpeedPrecision", "FSDPPrecision", "TransformerEnginePrecision")
+_FROM_STRATEGIES = ("DataParallelStrategy", "DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy")
 __getattr__, __dir__ = _lazy.exports(
     __name__,
-    {
-        "BitsandbytesPrecision": "fabric.precision",
-        "DeepSpeedPrecision": "fabric.precision",
-        "FSDPPrecision": "fabric.precision",
-        "TransformerEnginePrecision": "fabric.precision",
-        "DataParallelStrategy": "fabric.strategies",
-        "DeepSpeedStrategy": "fabric.strategies",
-        "FSDPStrategy": "fabric.strategies",
-        "ModelParallelStrategy": "fabric.strategies",
-    },
+    {**dict.fromkeys(_FROM_PRECISION, "fabric.precision"), **dict.fromkeys(_FROM_STRATEGIES, "fabric.strategies")},
 )
 
 # Without this, torch.cuda.is_available() initialises the CUDA driver in the calling process, and a process that
