@@ -8,6 +8,7 @@ time. Their packages (deepspeed, torch_xla, ...) were already imported on use; t
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -17,12 +18,16 @@ def exports(package: str, lazy: dict[str, str]) -> tuple[Callable[[str], Any], C
     """The `__getattr__` and `__dir__` of `package`, which exports each name in `lazy` from the module it maps to.
 
     A name is imported when first read (`package.Name` or `from package import Name`), then kept in the
-    package's namespace, so later reads are plain attribute reads.
+    package's namespace, so later reads are plain attribute reads. A submodule the package no longer imports
+    itself is imported when read as an attribute (`fabric.strategies.deepspeed.DeepSpeedStrategy` after
+    `import fabric`), as when the package imported it.
     """
 
     def __getattr__(name: str) -> Any:
         module = lazy.get(name)
         if module is None:
+            if not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
+                return importlib.import_module(f"{package}.{name}")
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(module), name)
         setattr(sys.modules[package], name, value)

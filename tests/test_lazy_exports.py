@@ -95,3 +95,13 @@ def test_star_import_still_brings_every_name() -> None:
     namespace: dict[str, object] = {}
     exec("from fabric.strategies import *", namespace)  # the statement under test
     assert set(fabric.strategies.__all__) <= set(namespace)
+
+
+def test_a_submodule_reads_as_an_attribute_as_when_the_package_imported_it() -> None:
+    printed = _fresh("""
+        import fabric
+        print(fabric.strategies.deepspeed.DeepSpeedStrategy.__name__, fabric.precision.fsdp.FSDPPrecision.__name__)
+        print(fabric.loggers.tensorboard.TensorBoardLogger is fabric.loggers.TensorBoardLogger)
+        print(hasattr(fabric.strategies, "no_such_submodule"))
+        """)
+    assert printed.splitlines() == ["DeepSpeedStrategy FSDPPrecision", "True", "False"]
