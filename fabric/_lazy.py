@@ -18,15 +18,16 @@ def exports(package: str, lazy: dict[str, str]) -> tuple[Callable[[str], Any], C
     """The `__getattr__` and `__dir__` of `package`, which exports each name in `lazy` from the module it maps to.
 
     A name is imported when first read (`package.Name` or `from package import Name`), then kept in the
-    package's namespace, so later reads are plain attribute reads. A submodule the package no longer imports
-    itself is imported when read as an attribute (`fabric.strategies.deepspeed.DeepSpeedStrategy` after
-    `import fabric`), as when the package imported it.
+    package's namespace, so later reads are plain attribute reads. `package` may also be a plain module. Of a
+    package, a submodule it no longer imports itself is imported when read as an attribute
+    (`fabric.strategies.deepspeed.DeepSpeedStrategy` after `import fabric`), as when the package imported it.
     """
 
     def __getattr__(name: str) -> Any:
         module = lazy.get(name)
         if module is None:
-            if not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
+            is_package = "__path__" in vars(sys.modules[package])  # not hasattr: that would call this again
+            if is_package and not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
                 return importlib.import_module(f"{package}.{name}")
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(module), name)

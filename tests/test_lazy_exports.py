@@ -89,6 +89,12 @@ def test_an_unknown_name_is_an_attribute_error_as_from_any_module() -> None:
         _ = fabric.strategies.DeepspeedStrategy  # type: ignore[attr-defined]
     with pytest.raises(ImportError, match=r"cannot import name 'TensorboardLogger' from 'fabric.loggers'"):
         from fabric.loggers import TensorboardLogger  # type: ignore[attr-defined]  # noqa: F401
+    # A plain module that exports lazily (Lightning's path for the sampler wrapper) has no submodules to look for.
+    import fabric.utilities.distributed as distributed
+
+    with pytest.raises(AttributeError, match=r"module 'fabric.utilities.distributed' has no attribute 'Sampler'"):
+        _ = distributed.Sampler  # type: ignore[attr-defined]
+    assert "DistributedSamplerWrapper" in dir(distributed)
 
 
 def test_star_import_still_brings_every_name() -> None:

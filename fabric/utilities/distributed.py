@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from fabric import _lazy
 from fabric.utilities.direct_calls import direct_for
 from fabric.utilities.exceptions import FabricValueError
 from fabric.utilities.shared_filesystem import is_shared_filesystem as is_shared_filesystem  # Lightning's path
@@ -317,10 +318,5 @@ def _get_default_process_group_backend_for_device(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def __getattr__(name: str) -> Any:
-    # Lightning's path for the sampler wrapper; loaded on use, as torch.utils.data costs ~70 ms to import.
-    if name == "DistributedSamplerWrapper":
-        from fabric.utilities.data import DistributedSamplerWrapper
-
-        return DistributedSamplerWrapper
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Lightning's path for the sampler wrapper; loaded on use, as torch.utils.data costs ~70 ms to import.
+__getattr__, __dir__ = _lazy.exports(__name__, {"DistributedSamplerWrapper": "fabric.utilities.data"})
